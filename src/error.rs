@@ -1,0 +1,274 @@
+//! The crate's one error type.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::time::Duration;
+
+use crate::LockKey;
+
+/// Boxed error from a backend client.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Which lock operation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Operation {
+    /// Opening a connection or checking one out of a pool.
+    Connect,
+    /// Trying to take a lock.
+    Acquire,
+    /// Renewing a lease.
+    Extend,
+    /// Releasing a lock.
+    Release,
+    /// Subscribing to release notifications.
+    Subscribe,
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Operation::Connect => "connect",
+            Operation::Acquire => "acquire",
+            Operation::Extend => "extend",
+            Operation::Release => "release",
+            Operation::Subscribe => "subscribe",
+        })
+    }
+}
+
+/// Everything that can go wrong taking, keeping or giving back a lock.
+///
+/// Errors carry the key in its log-safe form ([`LockKey`]: long or odd ids
+/// already hashed) and the operation, never the owner token. Backend errors
+/// are never squashed into `false`: "someone else holds it" is
+/// [`Error::Contended`], "Redis did not answer" is [`Error::Unavailable`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// A try-lock (wait timeout 0) found the lock held by someone else.
+    Contended {
+        /// The lock.
+        key: LockKey,
+        /// The holder's remaining lease: a fair `Retry-After`.
+        retry_after: Duration,
+    },
+    /// The lock stayed held by someone else for the whole wait timeout.
+    WaitTimeout {
+        /// The lock.
+        key: LockKey,
+        /// How long we waited.
+        waited: Duration,
+        /// The holder's remaining lease when we gave up.
+        retry_after: Duration,
+    },
+    /// The lease was lost: a renewal found another owner or no key, or the
+    /// local validity deadline passed without a successful renewal.
+    LockLost {
+        /// The lock.
+        key: LockKey,
+    },
+    /// The store could not be reached or failed (I/O, timeout, server
+    /// error). Layers fail closed on this by default.
+    Unavailable {
+        /// What we were doing.
+        op: Operation,
+        /// The lock, when the operation had one.
+        key: Option<LockKey>,
+        /// The client's error.
+        source: BoxError,
+    },
+    /// The store refused our credentials or an ACL denied a command.
+    Auth {
+        /// What we were doing.
+        op: Operation,
+        /// The lock, when the operation had one.
+        key: Option<LockKey>,
+        /// The client's error.
+        source: BoxError,
+    },
+    /// A key could not be built from the given namespace or id.
+    InvalidKey {
+        /// Why.
+        reason: &'static str,
+    },
+    /// A setting is out of range or contradicts another one.
+    Config(ConfigError),
+}
+
+impl Error {
+    /// The lock this error is about, if any.
+    pub fn key(&self) -> Option<&LockKey> {
+        match self {
+            Error::Contended { key, .. }
+            | Error::WaitTimeout { key, .. }
+            | Error::LockLost { key } => Some(key),
+            Error::Unavailable { key, .. } | Error::Auth { key, .. } => key.as_ref(),
+            Error::InvalidKey { .. } | Error::Config(_) => None,
+        }
+    }
+
+    /// How long a client should wait before trying again, where that is
+    /// known: the holder's remaining lease on contention.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::Contended { retry_after, .. } | Error::WaitTimeout { retry_after, .. } => {
+                Some(*retry_after)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether someone else holds the lock (try-lock refused or wait timed
+    /// out).
+    pub fn is_contended(&self) -> bool {
+        matches!(self, Error::Contended { .. } | Error::WaitTimeout { .. })
+    }
+
+    /// Whether the store itself failed (unreachable, timed out, auth or ACL).
+    pub fn is_store_failure(&self) -> bool {
+        matches!(self, Error::Unavailable { .. } | Error::Auth { .. })
+    }
+
+    /// Classifies a Redis client error: authentication and ACL failures
+    /// become [`Error::Auth`], everything else [`Error::Unavailable`].
+    pub(crate) fn from_redis(op: Operation, key: Option<&LockKey>, err: redis::RedisError) -> Self {
+        let auth = matches!(
+            err.kind(),
+            redis::ErrorKind::AuthenticationFailed
+                | redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+        ) || matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"));
+        let key = key.cloned();
+        let source = Box::new(err);
+        if auth {
+            Error::Auth { op, key, source }
+        } else {
+            Error::Unavailable { op, key, source }
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Contended { key, retry_after } => write!(
+                f,
+                "lock `{key}` is held by another owner (retry in {} ms)",
+                retry_after.as_millis()
+            ),
+            Error::WaitTimeout {
+                key,
+                waited,
+                retry_after,
+            } => write!(
+                f,
+                "lock `{key}` stayed held for the whole wait of {} ms (retry in {} ms)",
+                waited.as_millis(),
+                retry_after.as_millis()
+            ),
+            Error::LockLost { key } => write!(f, "lock `{key}` was lost"),
+            Error::Unavailable { op, key, .. } => match key {
+                Some(key) => write!(f, "lock store unavailable during {op} of `{key}`"),
+                None => write!(f, "lock store unavailable during {op}"),
+            },
+            Error::Auth { op, key, .. } => match key {
+                Some(key) => write!(f, "lock store refused {op} of `{key}` (auth or ACL)"),
+                None => write!(f, "lock store refused {op} (auth or ACL)"),
+            },
+            Error::InvalidKey { reason } => write!(f, "invalid lock key: {reason}"),
+            Error::Config(e) => fmt::Display::fmt(e, f),
+        }
+    }
+}
+
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            Error::Unavailable { source, .. } | Error::Auth { source, .. } => Some(&**source),
+            Error::Config(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<ConfigError> for Error {
+    fn from(e: ConfigError) -> Self {
+        Error::Config(e)
+    }
+}
+
+/// A setting that is out of range or contradicts another one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    setting: &'static str,
+    reason: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(setting: &'static str, reason: impl Into<String>) -> Self {
+        ConfigError {
+            setting,
+            reason: reason.into(),
+        }
+    }
+
+    /// The setting at fault.
+    pub fn setting(&self) -> &'static str {
+        self.setting
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid setting `{}`: {}", self.setting, self.reason)
+    }
+}
+
+impl StdError for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_errors_are_classified() {
+        let key = LockKey::new("ns", "k").unwrap();
+        let io = redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "refused",
+        ));
+        let e = Error::from_redis(Operation::Acquire, Some(&key), io);
+        assert!(matches!(
+            e,
+            Error::Unavailable {
+                op: Operation::Acquire,
+                ..
+            }
+        ));
+        assert!(e.is_store_failure());
+        assert_eq!(
+            e.to_string(),
+            "lock store unavailable during acquire of `ns:k`"
+        );
+        assert!(e.source().is_some());
+
+        let auth = redis::RedisError::from((redis::ErrorKind::AuthenticationFailed, "bad"));
+        assert!(matches!(
+            Error::from_redis(Operation::Connect, None, auth),
+            Error::Auth { .. }
+        ));
+    }
+
+    #[test]
+    fn contention_carries_retry_after() {
+        let key = LockKey::new("ns", "k").unwrap();
+        let e = Error::Contended {
+            key: key.clone(),
+            retry_after: Duration::from_millis(1500),
+        };
+        assert!(e.is_contended());
+        assert_eq!(e.retry_after(), Some(Duration::from_millis(1500)));
+        assert_eq!(e.key(), Some(&key));
+        assert!(e.to_string().contains("1500 ms"));
+    }
+}

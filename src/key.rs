@@ -1,0 +1,220 @@
+//! Lock keys: what a lock is named, and how that name reaches Redis safely.
+
+use std::fmt;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use crate::Error;
+
+/// Longest id kept verbatim; longer ids are hashed.
+pub const MAX_VERBATIM_ID: usize = 128;
+/// Longest namespace accepted.
+pub const MAX_NAMESPACE: usize = 64;
+
+/// The name of one lock: a namespace chosen by the developer plus an id that
+/// may come from a client (path segment, header, JSON body field).
+///
+/// The id can never pick the Redis hash tag, grow a key without bound, or put
+/// control bytes on the wire:
+///
+/// * ids of 1 to 128 printable ASCII bytes, without `{`, `}` and not starting
+///   with `~`, are kept verbatim (readable in `redis-cli` and in logs);
+/// * every other non-empty id is replaced by `~` and the first 128 bits of its
+///   SHA-256, in hex, so the key length stays bounded and two different ids
+///   can only share a key through a SHA-256 collision;
+/// * an empty id is rejected ([`Error::InvalidKey`]).
+///
+/// The namespace (1 to 64 bytes of `A-Z a-z 0-9 _ - . /`) keeps two routes
+/// or two kinds of work from sharing locks by accident.
+///
+/// ```
+/// use tower_redis_lock::LockKey;
+///
+/// let key = LockKey::new("orders", "ord_123").unwrap();
+/// assert_eq!(key.to_string(), "orders:ord_123");
+///
+/// // Odd or long ids are hashed; the result is still stable.
+/// let odd = LockKey::new("orders", "a}b{c").unwrap();
+/// assert!(odd.id().starts_with('~'));
+/// assert_eq!(odd, LockKey::new("orders", "a}b{c").unwrap());
+///
+/// assert!(LockKey::new("orders", "").is_err());
+/// assert!(LockKey::new("bad namespace", "x").is_err());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct LockKey {
+    /// `namespace:id`, both parts already validated or hashed.
+    full: Arc<str>,
+    ns_len: usize,
+}
+
+impl LockKey {
+    /// Builds a key from a namespace and an id (any bytes).
+    pub fn new(namespace: &str, id: impl AsRef<[u8]>) -> Result<Self, Error> {
+        validate_name(namespace, false)?;
+        let id = id.as_ref();
+        if id.is_empty() {
+            return Err(Error::InvalidKey {
+                reason: "the lock id is empty",
+            });
+        }
+        let verbatim = id.len() <= MAX_VERBATIM_ID
+            && id[0] != b'~'
+            && id
+                .iter()
+                .all(|&b| (0x21..=0x7e).contains(&b) && b != b'{' && b != b'}');
+        let mut full = String::with_capacity(namespace.len() + 1 + MAX_VERBATIM_ID.min(id.len()));
+        full.push_str(namespace);
+        full.push(':');
+        if verbatim {
+            // All bytes are printable ASCII, so this is valid UTF-8.
+            full.extend(id.iter().map(|&b| b as char));
+        } else {
+            full.push('~');
+            push_hex(&mut full, &Sha256::digest(id)[..16]);
+        }
+        Ok(LockKey {
+            full: full.into(),
+            ns_len: namespace.len(),
+        })
+    }
+
+    /// The namespace part.
+    pub fn namespace(&self) -> &str {
+        &self.full[..self.ns_len]
+    }
+
+    /// The id part as it reaches Redis and the logs: verbatim, or `~` and a
+    /// hash.
+    pub fn id(&self) -> &str {
+        &self.full[self.ns_len + 1..]
+    }
+
+    /// `namespace:id`, the form used in logs, errors and problem details.
+    pub fn as_str(&self) -> &str {
+        &self.full
+    }
+
+    /// Whether the id was replaced by its hash.
+    pub fn is_hashed(&self) -> bool {
+        self.id().starts_with('~')
+    }
+}
+
+impl fmt::Display for LockKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.full)
+    }
+}
+
+impl fmt::Debug for LockKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LockKey({:?})", &*self.full)
+    }
+}
+
+/// Checks a namespace (1..=64 bytes of `A-Za-z0-9_-./`) or, with
+/// `colon`, a store's key prefix (the same, plus `:`). A namespace has no `:`
+/// so that `namespace:id` splits one way only.
+pub(crate) fn validate_name(name: &str, colon: bool) -> Result<(), Error> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAMESPACE
+        && name.bytes().all(|b| {
+            b.is_ascii_alphanumeric()
+                || matches!(b, b'_' | b'-' | b'.' | b'/')
+                || (colon && b == b':')
+        });
+    match (ok, colon) {
+        (true, _) => Ok(()),
+        (false, false) => Err(Error::InvalidKey {
+            reason: "a namespace must be 1 to 64 bytes of A-Z a-z 0-9 _ - . /",
+        }),
+        (false, true) => Err(Error::InvalidKey {
+            reason: "a key prefix must be 1 to 64 bytes of A-Z a-z 0-9 _ - . / :",
+        }),
+    }
+}
+
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for &b in bytes {
+        out.push(HEX[(b >> 4) as usize] as char);
+        out.push(HEX[(b & 15) as usize] as char);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verbatim_ids_stay_readable() {
+        let k = LockKey::new("jobs", "evt_1Nq-9.x:y").unwrap();
+        assert_eq!(k.as_str(), "jobs:evt_1Nq-9.x:y");
+        assert_eq!(k.namespace(), "jobs");
+        assert_eq!(k.id(), "evt_1Nq-9.x:y");
+        assert!(!k.is_hashed());
+    }
+
+    #[test]
+    fn braces_control_bytes_spaces_and_unicode_are_hashed() {
+        for id in [
+            &b"a{b}"[..],
+            b"}",
+            b"{",
+            b"a\r\nSET x y",
+            b"a b",
+            b"\0",
+            "caf\u{e9}".as_bytes(),
+            b"~abc",
+        ] {
+            let k = LockKey::new("ns", id).unwrap();
+            assert!(k.is_hashed(), "{id:?}");
+            assert_eq!(k.id().len(), 33);
+            assert!(
+                k.as_str()
+                    .bytes()
+                    .all(|b| (0x21..=0x7e).contains(&b) && b != b'{' && b != b'}')
+            );
+        }
+    }
+
+    #[test]
+    fn long_ids_are_hashed_and_bounded() {
+        let at_limit = "x".repeat(MAX_VERBATIM_ID);
+        assert!(!LockKey::new("ns", &at_limit).unwrap().is_hashed());
+        let over = "x".repeat(MAX_VERBATIM_ID + 1);
+        let k = LockKey::new("ns", &over).unwrap();
+        assert!(k.is_hashed());
+        assert!(k.as_str().len() <= MAX_NAMESPACE + 1 + MAX_VERBATIM_ID);
+        let huge = vec![b'y'; 1 << 20];
+        assert_eq!(LockKey::new("ns", &huge).unwrap().id().len(), 33);
+    }
+
+    #[test]
+    fn distinct_ids_give_distinct_keys() {
+        let a = LockKey::new("ns", "~").unwrap();
+        let b = LockKey::new("ns", "~~").unwrap();
+        let hashed_form = LockKey::new("ns", "a b").unwrap();
+        // An id that spells out another id's hashed form is hashed itself.
+        let forged = LockKey::new("ns", hashed_form.id()).unwrap();
+        assert_ne!(a, b);
+        assert_ne!(forged, hashed_form);
+        // `namespace:id` splits one way only.
+        assert!(LockKey::new("a", "b:c").is_ok());
+        assert!(LockKey::new("a:b", "c").is_err());
+    }
+
+    #[test]
+    fn bad_namespaces_and_empty_ids_are_rejected() {
+        assert!(LockKey::new("", "x").is_err());
+        assert!(LockKey::new("a{b}", "x").is_err());
+        assert!(LockKey::new("a b", "x").is_err());
+        assert!(LockKey::new(&"n".repeat(MAX_NAMESPACE + 1), "x").is_err());
+        assert!(matches!(
+            LockKey::new("ns", ""),
+            Err(Error::InvalidKey { .. })
+        ));
+    }
+}

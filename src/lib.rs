@@ -1,0 +1,29 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![deny(unreachable_pub)]
+#![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+mod error;
+mod fence;
+mod guard;
+mod key;
+mod locker;
+pub mod store;
+mod token;
+mod watchdog;
+
+pub use error::{BoxError, ConfigError, Error, Operation};
+pub use fence::{FenceOutcome, FencedResource};
+pub use guard::LockGuard;
+pub use key::{LockKey, MAX_NAMESPACE, MAX_VERBATIM_ID};
+pub use locker::{
+    DEFAULT_LEASE, DEFAULT_POLL, DEFAULT_RENEW_BATCH, DEFAULT_WAIT, Locker, LockerBuilder,
+};
+pub use store::{
+    AcquireOutcome, LockStore, ReleaseWatch, Renewal, memory::MemoryStore, redis::RedisStore,
+};
+pub use token::{FencingToken, OwnerToken};
+
+pub use deadpool_redis;
+pub use redis;

@@ -1,0 +1,379 @@
+//! The lock engine: acquiring with a wait, and handing out guards.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::error::ConfigError;
+use crate::guard::{DynStore, Lease, LockGuard};
+use crate::store::{AcquireOutcome, LockStore, ReleaseWatch};
+use crate::watchdog::{self, Cmd};
+use crate::{Error, LockKey, OwnerToken};
+
+/// Default lease: 30 s, renewed every 10 s while held.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default wait timeout: 0, i.e. try-lock.
+pub const DEFAULT_WAIT: Duration = Duration::ZERO;
+/// Default cap on each poll while waiting (the release notification usually
+/// wakes a waiter long before).
+pub const DEFAULT_POLL: Duration = Duration::from_millis(250);
+/// Default number of renewals per pipelined batch.
+pub const DEFAULT_RENEW_BATCH: usize = 512;
+
+/// Takes locks from a [`LockStore`] and keeps them alive.
+///
+/// A `Locker` is cheap to clone; clones share one watchdog task (spawned on
+/// first use) that renews every lease they hold, every lease/3, in pipelined
+/// batches.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_lock::{LockKey, Locker, MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_redis_lock::Error> {
+/// let locker = Locker::builder(MemoryStore::new())
+///     .lease(Duration::from_secs(10))
+///     .wait_timeout(Duration::from_secs(2))
+///     .build()?;
+///
+/// let key = LockKey::new("reports", "2026-11")?;
+/// let guard = locker.acquire(&key).await?;
+/// println!("fencing token {}", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct Locker<S> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S> Clone for Locker<S> {
+    fn clone(&self) -> Self {
+        Locker {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<S> {
+    store: Arc<S>,
+    opts: Options,
+    watchdog: OnceLock<(mpsc::UnboundedSender<Cmd>, tokio::runtime::Handle)>,
+    next_id: AtomicU64,
+}
+
+#[derive(Debug, Clone)]
+struct Options {
+    lease: Duration,
+    wait: Duration,
+    max_hold: Option<Duration>,
+    poll: Duration,
+    batch: usize,
+}
+
+impl<S> std::fmt::Debug for Locker<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locker")
+            .field("lease", &self.inner.opts.lease)
+            .field("wait_timeout", &self.inner.opts.wait)
+            .field("max_hold", &self.inner.opts.max_hold)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Locker`]; settings are checked in [`build`](LockerBuilder::build).
+#[derive(Debug)]
+pub struct LockerBuilder<S> {
+    store: S,
+    opts: Options,
+}
+
+impl<S: LockStore> LockerBuilder<S> {
+    /// Lease length (default 30 s, at least 10 ms). The watchdog renews every
+    /// lease/3; validity is `lease − (lease/100 + 2 ms)` after each renewal
+    /// started.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.opts.lease = lease;
+        self
+    }
+
+    /// How long [`Locker::acquire`] waits for a held lock (default 0:
+    /// try-lock).
+    pub fn wait_timeout(mut self, wait: Duration) -> Self {
+        self.opts.wait = wait;
+        self
+    }
+
+    /// Total hold cap (default off): renewals stop so that the lock ends at
+    /// most this long after it was granted, and the guard reports it lost
+    /// then. Bounds a holder that never finishes.
+    pub fn max_hold(mut self, cap: Duration) -> Self {
+        self.opts.max_hold = Some(cap);
+        self
+    }
+
+    /// Longest sleep between attempts while waiting (default 250 ms,
+    /// jittered, and never past the holder's remaining lease). Release
+    /// notifications wake waiters sooner; this is the fallback for missed
+    /// notifications and stores without them.
+    pub fn poll_interval(mut self, poll: Duration) -> Self {
+        self.opts.poll = poll;
+        self
+    }
+
+    /// Renewals per pipelined batch (default 512).
+    pub fn renew_batch(mut self, batch: usize) -> Self {
+        self.opts.batch = batch;
+        self
+    }
+
+    /// Checks the settings.
+    pub fn build(self) -> Result<Locker<S>, ConfigError> {
+        let o = &self.opts;
+        if o.lease < Duration::from_millis(10) {
+            return Err(ConfigError::new("lease", "must be at least 10 ms"));
+        }
+        if o.lease > Duration::from_secs(86_400) {
+            return Err(ConfigError::new("lease", "must be at most 24 h"));
+        }
+        if let Some(cap) = o.max_hold
+            && cap < Duration::from_millis(10)
+        {
+            return Err(ConfigError::new("max_hold", "must be at least 10 ms"));
+        }
+        if o.poll < Duration::from_millis(1) {
+            return Err(ConfigError::new("poll_interval", "must be at least 1 ms"));
+        }
+        if o.batch == 0 {
+            return Err(ConfigError::new("renew_batch", "must be at least 1"));
+        }
+        Ok(Locker {
+            inner: Arc::new(Inner {
+                store: Arc::new(self.store),
+                opts: self.opts,
+                watchdog: OnceLock::new(),
+                next_id: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+/// Safety margin subtracted from a lease for clock drift and the time a
+/// reply takes: 1 % of the lease plus 2 ms (as in Redlock).
+pub(crate) fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+impl<S: LockStore> Locker<S> {
+    /// A locker with the defaults: 30 s lease, try-lock, no hold cap.
+    pub fn new(store: S) -> Self {
+        Locker {
+            inner: Arc::new(Inner {
+                store: Arc::new(store),
+                opts: default_options(),
+                watchdog: OnceLock::new(),
+                next_id: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Starts a builder for non-default settings.
+    pub fn builder(store: S) -> LockerBuilder<S> {
+        LockerBuilder {
+            store,
+            opts: default_options(),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.inner.store
+    }
+
+    /// The configured lease.
+    pub fn lease(&self) -> Duration {
+        self.inner.opts.lease
+    }
+
+    /// The configured wait timeout.
+    pub fn wait_timeout(&self) -> Duration {
+        self.inner.opts.wait
+    }
+
+    /// Takes the lock, waiting up to the configured wait timeout.
+    pub async fn acquire(&self, key: &LockKey) -> Result<LockGuard, Error> {
+        self.acquire_within(key, self.inner.opts.wait).await
+    }
+
+    /// Takes the lock if it is free right now ([`Error::Contended`]
+    /// otherwise).
+    pub async fn try_acquire(&self, key: &LockKey) -> Result<LockGuard, Error> {
+        self.acquire_within(key, Duration::ZERO).await
+    }
+
+    /// Takes the lock, waiting up to `wait` (0 = try-lock).
+    ///
+    /// While waiting it first tries, then subscribes to the key's release
+    /// notifications, then tries again before every wait — so a release
+    /// between a failed try and the wait is never missed. It wakes on a
+    /// notification, or after a jittered poll bounded by the holder's
+    /// remaining lease (which covers expiry, which nobody announces).
+    ///
+    /// Dropping the future at any point is safe: an attempt whose answer was
+    /// not received is released in the background (owner-checked).
+    pub async fn acquire_within(&self, key: &LockKey, wait: Duration) -> Result<LockGuard, Error> {
+        let (watchdog, runtime) = self.watchdog();
+        let o = &self.inner.opts;
+        let store = &self.inner.store;
+        let owner = OwnerToken::generate();
+        let start = Instant::now();
+        let deadline = start + wait;
+        let mut watch: Option<ReleaseWatch> = None;
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let attempt_start = Instant::now();
+            let pending = PendingAttempt::new(store, key, &owner);
+            let outcome = store.acquire(key, &owner, o.lease).await;
+            pending.disarm();
+            let remaining = match outcome? {
+                AcquireOutcome::Granted(token) => {
+                    let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+                    let lease = Arc::new(Lease::new(
+                        id,
+                        key.clone(),
+                        owner,
+                        token,
+                        o.lease,
+                        drift(o.lease),
+                        attempt_start,
+                        o.max_hold,
+                    ));
+                    let _ = watchdog.send(Cmd::Add(lease.clone()));
+                    tracing::debug!(
+                        key = %key,
+                        fencing_token = token.get(),
+                        waited_us = start.elapsed().as_micros() as u64,
+                        contended = attempts > 1,
+                        attempts,
+                        "lock acquired"
+                    );
+                    let dyn_store: Arc<dyn DynStore> = store.clone();
+                    return Ok(LockGuard::new(
+                        lease,
+                        dyn_store,
+                        watchdog.clone(),
+                        runtime.clone(),
+                    ));
+                }
+                AcquireOutcome::Held { remaining } => remaining,
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                let retry_after = remaining.unwrap_or(o.lease);
+                tracing::debug!(
+                    key = %key,
+                    waited_us = now.duration_since(start).as_micros() as u64,
+                    attempts,
+                    retry_after_ms = retry_after.as_millis() as u64,
+                    "lock contended"
+                );
+                return Err(if wait.is_zero() {
+                    Error::Contended {
+                        key: key.clone(),
+                        retry_after,
+                    }
+                } else {
+                    Error::WaitTimeout {
+                        key: key.clone(),
+                        waited: now.duration_since(start),
+                        retry_after,
+                    }
+                });
+            }
+            if watch.is_none() {
+                // Subscribe, then try again at once before waiting.
+                watch = Some(match store.subscribe(key).await {
+                    Ok(w) => w,
+                    Err(e) => {
+                        tracing::debug!(key = %key, error = %e, "no release notifications; polling");
+                        ReleaseWatch::never()
+                    }
+                });
+                continue;
+            }
+            let cap = match remaining {
+                Some(r) => o.poll.min(r + Duration::from_millis(1)),
+                None => o.poll,
+            };
+            // Jitter in [cap/2, cap] so waiters do not poll in lockstep.
+            let nap = cap / 2 + cap.mul_f64(fastrand::f64() / 2.0);
+            let wake = (now + nap).min(deadline);
+            if let Some(w) = watch.as_mut() {
+                tokio::select! {
+                    _ = w.released() => {}
+                    _ = tokio::time::sleep_until(wake) => {}
+                }
+            }
+        }
+    }
+
+    fn watchdog(&self) -> (&mpsc::UnboundedSender<Cmd>, &tokio::runtime::Handle) {
+        let (tx, rt) = self.inner.watchdog.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(watchdog::run(
+                self.inner.store.clone(),
+                rx,
+                self.inner.opts.batch,
+            ));
+            (tx, tokio::runtime::Handle::current())
+        });
+        (tx, rt)
+    }
+}
+
+fn default_options() -> Options {
+    Options {
+        lease: DEFAULT_LEASE,
+        wait: DEFAULT_WAIT,
+        max_hold: None,
+        poll: DEFAULT_POLL,
+        batch: DEFAULT_RENEW_BATCH,
+    }
+}
+
+/// An acquire attempt whose answer has not arrived. If the future holding it
+/// is dropped (client gone, timeout), the attempt may still have been
+/// granted: release it in the background, owner-checked.
+struct PendingAttempt<'a, S: LockStore> {
+    armed: Option<(&'a Arc<S>, &'a LockKey, &'a OwnerToken)>,
+}
+
+impl<'a, S: LockStore> PendingAttempt<'a, S> {
+    fn new(store: &'a Arc<S>, key: &'a LockKey, owner: &'a OwnerToken) -> Self {
+        PendingAttempt {
+            armed: Some((store, key, owner)),
+        }
+    }
+
+    fn disarm(mut self) {
+        self.armed = None;
+    }
+}
+
+impl<S: LockStore> Drop for PendingAttempt<'_, S> {
+    fn drop(&mut self) {
+        if let Some((store, key, owner)) = self.armed.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let (store, key, owner) = (store.clone(), key.clone(), owner.clone());
+            drop(rt.spawn(async move {
+                let _ = store.release(&key, &owner).await;
+            }));
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! An in-process store with the same semantics as Redis.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{AcquireOutcome, LockStore, ReleaseWatch};
+use crate::{Error, FencingToken, LockKey, OwnerToken};
+
+/// Locks kept in this process's memory.
+///
+/// Same semantics as [`RedisStore`](crate::RedisStore) — lease expiry,
+/// owner-checked writes, strictly increasing fencing tokens, release
+/// notifications — and it passes the same conformance suite. Use it for
+/// tests of your own handlers, for local development without Redis, and for
+/// deployments that run one process. It does not coordinate processes.
+///
+/// Time is [`tokio::time::Instant`], so tests can drive expiry with
+/// `tokio::time::pause()` and `advance()`. Fencing tokens come from one
+/// store-wide counter, `max(last + 1, wall clock in µs)`: strictly
+/// increasing for every key with no per-key state left behind.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_lock::{LockKey, Locker, MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_redis_lock::Error> {
+/// let locker = Locker::new(MemoryStore::new());
+/// let key = LockKey::new("jobs", "42")?;
+/// let guard = locker.try_acquire(&key).await?;
+/// assert!(locker.try_acquire(&key).await.unwrap_err().is_contended());
+/// assert!(guard.release().await?);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    locks: HashMap<LockKey, Held>,
+    watchers: HashMap<LockKey, watch::Sender<u64>>,
+    last_token: u64,
+    ops_since_sweep: u32,
+}
+
+struct Held {
+    owner: OwnerToken,
+    token: FencingToken,
+    expires: Instant,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.lock();
+        f.debug_struct("MemoryStore")
+            .field("locks", &st.locks.len())
+            .field("watched_keys", &st.watchers.len())
+            .finish()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many unexpired locks the store holds (for tests and metrics).
+    pub fn held_count(&self) -> usize {
+        let now = Instant::now();
+        self.lock()
+            .locks
+            .values()
+            .filter(|h| h.expires > now)
+            .count()
+    }
+
+    /// Whether `key` is held right now.
+    pub fn is_locked(&self, key: &LockKey) -> bool {
+        let now = Instant::now();
+        self.lock().locks.get(key).is_some_and(|h| h.expires > now)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        lock_state(&self.state)
+    }
+}
+
+// A panic while holding the mutex cannot leave `State` half-updated in a way
+// that matters (every update is a single insert/remove), so poisoning is
+// ignored rather than turned into a panic on every later request.
+fn lock_state(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl State {
+    fn sweep_now_and_then(&mut self, now: Instant) {
+        self.ops_since_sweep += 1;
+        if self.ops_since_sweep >= 1024 {
+            self.ops_since_sweep = 0;
+            self.locks.retain(|_, h| h.expires > now);
+        }
+    }
+
+    fn live(&mut self, key: &LockKey, now: Instant) -> Option<&mut Held> {
+        if self.locks.get(key).is_some_and(|h| h.expires <= now) {
+            self.locks.remove(key);
+        }
+        self.locks.get_mut(key)
+    }
+
+    fn next_token(&mut self) -> FencingToken {
+        let wall_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0);
+        self.last_token = wall_us.max(self.last_token + 1);
+        FencingToken::new(self.last_token)
+    }
+}
+
+impl LockStore for MemoryStore {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        st.sweep_now_and_then(now);
+        if let Some(h) = st.live(key, now) {
+            if h.owner == *owner {
+                h.expires = now + lease;
+                return Ok(AcquireOutcome::Granted(h.token));
+            }
+            return Ok(AcquireOutcome::Held {
+                remaining: Some(h.expires - now),
+            });
+        }
+        let token = st.next_token();
+        st.locks.insert(
+            key.clone(),
+            Held {
+                owner: owner.clone(),
+                token,
+                expires: now + lease,
+            },
+        );
+        Ok(AcquireOutcome::Granted(token))
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        match st.live(key, now) {
+            Some(h) if h.owner == *owner => {
+                h.expires = now + lease;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let ours = matches!(st.live(key, now), Some(h) if h.owner == *owner);
+        if ours {
+            st.locks.remove(key);
+            if let Some(tx) = st.watchers.get(key) {
+                tx.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }
+        Ok(ours)
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {
+        let rx = {
+            let mut st = self.lock();
+            st.watchers
+                .entry(key.clone())
+                .or_insert_with(|| watch::channel(0).0)
+                .subscribe()
+        };
+        Ok(ReleaseWatch::new(rx).with_guard(Unwatch {
+            state: Arc::downgrade(&self.state),
+            key: key.clone(),
+        }))
+    }
+}
+
+/// Drops the per-key notification channel once nobody waits on it, so the
+/// store keeps no state per distinct key.
+struct Unwatch {
+    state: Weak<Mutex<State>>,
+    key: LockKey,
+}
+
+impl Drop for Unwatch {
+    fn drop(&mut self) {
+        if let Some(state) = self.state.upgrade() {
+            let mut st = lock_state(&state);
+            if st
+                .watchers
+                .get(&self.key)
+                .is_some_and(|tx| tx.receiver_count() == 0)
+            {
+                st.watchers.remove(&self.key);
+            }
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! Backends that keep locks: one small trait, one file per store.
+//!
+//! [`LockStore`] is the whole contract between the lock engine
+//! ([`Locker`](crate::Locker)) and a backend. The engine owns waiting, the
+//! watchdog and guards; a store only has to make each operation atomic and
+//! owner-checked:
+//!
+//! | operation | meaning |
+//! |---|---|
+//! | [`acquire`](LockStore::acquire) | grant if free (or already ours) and mint the fencing token in the same step; else report the holder's remaining lease |
+//! | [`extend`](LockStore::extend) | reset the lease to `lease` if we still own it |
+//! | [`extend_many`](LockStore::extend_many) | the same for a batch (pipelined where the backend can) |
+//! | [`release`](LockStore::release) | delete if we still own it, and wake waiters |
+//! | [`subscribe`](LockStore::subscribe) | a [`ReleaseWatch`] that fires on the next release of a key |
+//!
+//! Every store passes the same conformance suite (`tests/conformance.rs`).
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::{Error, FencingToken, LockKey, OwnerToken};
+
+pub mod memory;
+pub mod redis;
+
+/// What an acquire attempt found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    /// The lock is ours, with this fencing token.
+    Granted(FencingToken),
+    /// Someone else holds it. `remaining` is the holder's remaining lease,
+    /// `None` when the key has no expiry (written by something else).
+    Held {
+        /// The holder's remaining lease.
+        remaining: Option<Duration>,
+    },
+}
+
+/// One lease to renew in [`LockStore::extend_many`].
+#[derive(Debug, Clone)]
+pub struct Renewal {
+    /// The lock.
+    pub key: LockKey,
+    /// Our owner token.
+    pub owner: OwnerToken,
+    /// The new lease, counted from when the store applies it.
+    pub lease: Duration,
+}
+
+/// A backend that keeps locks.
+///
+/// Implementations must make each operation atomic and check the owner
+/// token on every write. Futures must be cancel-safe in the sense that
+/// dropping one never leaves the store inconsistent (at worst, a grant
+/// whose answer was lost expires after its lease).
+pub trait LockStore: Send + Sync + 'static {
+    /// Grants `key` to `owner` for `lease` if it is free or already held by
+    /// `owner` (which keeps its fencing token), minting the fencing token in
+    /// the same atomic step.
+    fn acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<AcquireOutcome, Error>> + Send;
+
+    /// Resets the lease of `key` to `lease` if `owner` holds it. `Ok(false)`
+    /// means "not the owner" (expired, released, or taken by someone else).
+    fn extend(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Extends many leases, answering in order. The default runs
+    /// [`extend`](LockStore::extend) one after another; network stores
+    /// pipeline the batch.
+    fn extend_many(
+        &self,
+        renewals: &[Renewal],
+    ) -> impl Future<Output = Result<Vec<bool>, Error>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(renewals.len());
+            for r in renewals {
+                out.push(self.extend(&r.key, &r.owner, r.lease).await?);
+            }
+            Ok(out)
+        }
+    }
+
+    /// Deletes `key` if `owner` holds it and wakes its waiters. `Ok(false)`
+    /// means we no longer owned it.
+    fn release(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Subscribes to release notifications for `key`. When this returns,
+    /// the subscription is in force: any release after this point fires the
+    /// watch (subscribe first, then retry — no missed wake-up).
+    fn subscribe(&self, key: &LockKey) -> impl Future<Output = Result<ReleaseWatch, Error>> + Send;
+}
+
+/// Fires when a key is released after the watch was created.
+///
+/// Stores build one from a [`tokio::sync::watch::Receiver`] that they bump
+/// on every release, plus an optional guard that unsubscribes when the watch
+/// is dropped.
+pub struct ReleaseWatch {
+    // Field order matters: the receiver is dropped before the guard, so the
+    // guard sees the receiver count without it.
+    rx: Option<watch::Receiver<u64>>,
+    _guard: Option<Box<dyn Send + Sync>>,
+}
+
+impl std::fmt::Debug for ReleaseWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReleaseWatch")
+            .field("active", &self.rx.is_some())
+            .finish()
+    }
+}
+
+impl ReleaseWatch {
+    /// A watch over a counter that the store bumps on every release. Values
+    /// sent before this call do not fire it.
+    pub fn new(mut rx: watch::Receiver<u64>) -> Self {
+        rx.mark_unchanged();
+        ReleaseWatch {
+            rx: Some(rx),
+            _guard: None,
+        }
+    }
+
+    /// A watch that never fires (the store has no notifications; waiters
+    /// poll).
+    pub fn never() -> Self {
+        ReleaseWatch {
+            rx: None,
+            _guard: None,
+        }
+    }
+
+    /// Keeps `guard` alive as long as the watch, and drops it after the
+    /// receiver (so its `Drop` can unsubscribe when no receiver is left).
+    pub fn with_guard(mut self, guard: impl Send + Sync + 'static) -> Self {
+        self._guard = Some(Box::new(guard));
+        self
+    }
+
+    /// Waits for the next release. Pends forever on a watch that cannot
+    /// fire (no notifications, or the store went away).
+    pub async fn released(&mut self) {
+        match &mut self.rx {
+            Some(rx) => {
+                if rx.changed().await.is_err() {
+                    self.rx = None;
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending::<()>().await,
+        }
+    }
+
+    /// Whether this watch can fire at all.
+    pub fn is_active(&self) -> bool {
+        self.rx.is_some()
+    }
+}

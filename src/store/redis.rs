@@ -1,0 +1,617 @@
+//! The store on one Redis primary.
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::{MultiplexedConnection, PubSubSink};
+use redis::{RedisError, Script};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use super::{AcquireOutcome, LockStore, ReleaseWatch, Renewal};
+use crate::error::{BoxError, ConfigError};
+use crate::key::validate_name;
+use crate::{Error, FencingToken, LockKey, Operation, OwnerToken};
+
+// The lock value is `<owner hex>:<fencing token>`: one string with PX, so a
+// grant is one SET and an owner check one GET and a prefix compare.
+//
+// KEYS[1] lock, KEYS[2] fence counter
+// ARGV[1] owner, ARGV[2] lease ms, ARGV[3] fence retention ms
+// -> {1, token} granted (or re-entered: same token), {0, pttl} held
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  if string.sub(cur, 1, 32) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, tonumber(string.sub(cur, 34))}
+  end
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local t = redis.call('TIME')
+local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = tonumber(redis.call('GET', KEYS[2]))
+if last and last >= token then token = last + 1 end
+local s = string.format('%.0f', token)
+redis.call('SET', KEYS[2], s, 'PX', ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. s, 'PX', ARGV[2])
+return {1, token}
+"#,
+    )
+});
+
+// KEYS[1] lock; ARGV[1] owner, ARGV[2] lease ms -> 1 extended, 0 not owner
+static EXTEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local cur = redis.call('GET', KEYS[1])
+if cur and string.sub(cur, 1, 32) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"#,
+    )
+});
+
+// KEYS[1] lock; ARGV[1] owner, ARGV[2] release channel -> 1 released, 0 not owner
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local cur = redis.call('GET', KEYS[1])
+if cur and string.sub(cur, 1, 32) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '')
+  return 1
+end
+return 0
+"#,
+    )
+});
+
+/// Locks on one Redis primary (standalone, or the primary of a replicated
+/// setup with no automatic failover).
+///
+/// * acquire, extend and release are one Lua script and one round trip each
+///   (EVALSHA, reloaded on `NOSCRIPT`); the grant mints the fencing token in
+///   the same script;
+/// * a lock `orders:42` lives at `trl:{orders:42}:lock`, its fencing counter
+///   at `trl:{orders:42}:fence` (expires after the fence retention, default
+///   one hour, so no key is left per distinct lock forever) and its release
+///   channel is `trl:{orders:42}:released`; all share one hash tag;
+/// * commands go over one multiplexed connection checked out of the
+///   [`deadpool_redis::Pool`] and kept (a pool checkout pings, which would
+///   double the round trips); a broken connection is replaced from the pool;
+/// * release notifications use one pub/sub connection per store, shared by
+///   all waiters, when the store has a [`redis::Client`] for it
+///   ([`from_url`](RedisStore::from_url) or
+///   [`with_notifications`](RedisStore::with_notifications)); without one,
+///   waiters poll;
+/// * every call is bounded by the command timeout (default 2 s), so a Redis
+///   that is down or frozen gives [`Error::Unavailable`], never a hang.
+///
+/// ```no_run
+/// use tower_redis_lock::{Locker, RedisStore};
+///
+/// # fn main() -> Result<(), tower_redis_lock::Error> {
+/// let store = RedisStore::from_url("redis://127.0.0.1:6379/")?;
+/// let locker = Locker::new(store);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: deadpool_redis::Pool,
+    conn: Mutex<Option<MultiplexedConnection>>,
+    prefix: String,
+    fence_retention_ms: u64,
+    timeout: Duration,
+    pubsub_client: Option<redis::Client>,
+    notifier: OnceLock<Notifier>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.inner.prefix)
+            .field("fence_retention_ms", &self.inner.fence_retention_ms)
+            .field("timeout", &self.inner.timeout)
+            .field("notifications", &self.inner.pubsub_client.is_some())
+            .finish()
+    }
+}
+
+const DEFAULT_PREFIX: &str = "trl";
+const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(3600);
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl RedisStore {
+    /// A store over an existing pool. Waiters poll unless you add
+    /// [`with_notifications`](RedisStore::with_notifications).
+    pub fn new(pool: deadpool_redis::Pool) -> Self {
+        RedisStore {
+            inner: Arc::new(Inner {
+                pool,
+                conn: Mutex::new(None),
+                prefix: DEFAULT_PREFIX.to_owned(),
+                fence_retention_ms: DEFAULT_FENCE_RETENTION.as_millis() as u64,
+                timeout: DEFAULT_TIMEOUT,
+                pubsub_client: None,
+                notifier: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// A store for a `redis://` (or `rediss://`, `unix://`) URL, with release
+    /// notifications. Connects lazily: this does no I/O.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let config_err =
+            |e: &dyn std::fmt::Display| Error::Config(ConfigError::new("url", format!("{e}")));
+        let client = redis::Client::open(url).map_err(|e| config_err(&e))?;
+        let pool = deadpool_redis::Config::from_url(url)
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .map_err(|e| config_err(&e))?;
+        Ok(Self::new(pool).with_notifications(client))
+    }
+
+    /// Uses `client` for one shared pub/sub connection that wakes waiters as
+    /// soon as a lock is released.
+    pub fn with_notifications(mut self, client: redis::Client) -> Self {
+        self.inner_mut().pubsub_client = Some(client);
+        self
+    }
+
+    /// Prefix of every key and channel (default `trl`): 1 to 64 bytes of
+    /// `A-Z a-z 0-9 _ - . / :`.
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, ConfigError> {
+        validate_name(prefix, true).map_err(|e| ConfigError::new("prefix", e.to_string()))?;
+        self.inner_mut().prefix = prefix.to_owned();
+        Ok(self)
+    }
+
+    /// How long a fencing counter outlives its last grant (default 1 h, at
+    /// least 1 s). Tokens stay strictly increasing after it lapses because
+    /// they never fall below Redis `TIME` in µs; the counter only guards
+    /// against the server clock stepping back within the retention.
+    pub fn with_fence_retention(mut self, retention: Duration) -> Result<Self, ConfigError> {
+        if retention < Duration::from_secs(1) {
+            return Err(ConfigError::new("fence_retention", "must be at least 1 s"));
+        }
+        self.inner_mut().fence_retention_ms = retention.as_millis() as u64;
+        Ok(self)
+    }
+
+    /// Upper bound on each call to Redis, connection included (default 2 s).
+    pub fn with_command_timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
+        if timeout < Duration::from_millis(1) {
+            return Err(ConfigError::new("command_timeout", "must be at least 1 ms"));
+        }
+        self.inner_mut().timeout = timeout;
+        Ok(self)
+    }
+
+    /// The Redis key that holds `key`'s lock.
+    pub fn lock_key(&self, key: &LockKey) -> String {
+        format!("{}:{{{}}}:lock", self.inner.prefix, key)
+    }
+
+    /// The Redis key that holds `key`'s fencing counter.
+    pub fn fence_key(&self, key: &LockKey) -> String {
+        format!("{}:{{{}}}:fence", self.inner.prefix, key)
+    }
+
+    /// The channel on which `key`'s releases are published.
+    pub fn release_channel(&self, key: &LockKey) -> String {
+        format!("{}:{{{}}}:released", self.inner.prefix, key)
+    }
+
+    // Builder methods run before the store is shared.
+    fn inner_mut(&mut self) -> &mut Inner {
+        if Arc::get_mut(&mut self.inner).is_none() {
+            // A clone exists: detach this handle with its own state.
+            let i = &self.inner;
+            self.inner = Arc::new(Inner {
+                pool: i.pool.clone(),
+                conn: Mutex::new(None),
+                prefix: i.prefix.clone(),
+                fence_retention_ms: i.fence_retention_ms,
+                timeout: i.timeout,
+                pubsub_client: i.pubsub_client.clone(),
+                notifier: OnceLock::new(),
+            });
+        }
+        Arc::get_mut(&mut self.inner).unwrap_or_else(|| unreachable!("just detached"))
+    }
+
+    async fn connection(
+        &self,
+        op: Operation,
+        key: Option<&LockKey>,
+    ) -> Result<MultiplexedConnection, Error> {
+        if let Some(c) = lock(&self.inner.conn).as_ref() {
+            return Ok(c.clone());
+        }
+        let obj = self
+            .inner
+            .pool
+            .get()
+            .await
+            .map_err(|e| pool_error(op, key, e))?;
+        let conn = deadpool_redis::Connection::take(obj);
+        *lock(&self.inner.conn) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    fn forget_connection_on(&self, err: &RedisError) {
+        if err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error() {
+            *lock(&self.inner.conn) = None;
+        }
+    }
+
+    /// Runs `f` on the shared connection within the command timeout.
+    async fn with_conn<T, F, Fut>(
+        &self,
+        op: Operation,
+        key: Option<&LockKey>,
+        f: F,
+    ) -> Result<T, Error>
+    where
+        F: FnOnce(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        let work = async {
+            let conn = self.connection(op, key).await?;
+            f(conn).await.map_err(|e| {
+                self.forget_connection_on(&e);
+                Error::from_redis(op, key, e)
+            })
+        };
+        match tokio::time::timeout(self.inner.timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(timeout_error(op, key, self.inner.timeout)),
+        }
+    }
+
+    fn notifier(&self) -> Option<&Notifier> {
+        let client = self.inner.pubsub_client.as_ref()?;
+        Some(
+            self.inner
+                .notifier
+                .get_or_init(|| Notifier::spawn(client.clone(), self.inner.timeout)),
+        )
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn ms(d: Duration) -> u64 {
+    (d.as_millis() as u64).max(1)
+}
+
+fn timeout_error(op: Operation, key: Option<&LockKey>, after: Duration) -> Error {
+    Error::Unavailable {
+        op,
+        key: key.cloned(),
+        source: format!("no answer from Redis within {} ms", after.as_millis()).into(),
+    }
+}
+
+fn pool_error(op: Operation, key: Option<&LockKey>, e: deadpool_redis::PoolError) -> Error {
+    match e {
+        deadpool_redis::PoolError::Backend(e) => Error::from_redis(op, key, e),
+        other => Error::Unavailable {
+            op,
+            key: key.cloned(),
+            source: Box::new(other) as BoxError,
+        },
+    }
+}
+
+impl LockStore for RedisStore {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        let mut inv = ACQUIRE.key(self.lock_key(key));
+        inv.key(self.fence_key(key))
+            .arg(owner.as_str())
+            .arg(ms(lease))
+            .arg(self.inner.fence_retention_ms);
+        let (granted, n): (i64, i64) = self
+            .with_conn(Operation::Acquire, Some(key), |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(if granted == 1 {
+            AcquireOutcome::Granted(FencingToken::new(n as u64))
+        } else {
+            AcquireOutcome::Held {
+                remaining: (n >= 0).then(|| Duration::from_millis(n as u64)),
+            }
+        })
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        let mut inv = EXTEND.key(self.lock_key(key));
+        inv.arg(owner.as_str()).arg(ms(lease));
+        let n: i64 = self
+            .with_conn(Operation::Extend, Some(key), |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn extend_many(&self, renewals: &[Renewal]) -> Result<Vec<bool>, Error> {
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for r in renewals {
+            pipe.cmd("EVALSHA")
+                .arg(EXTEND.get_hash())
+                .arg(1)
+                .arg(self.lock_key(&r.key))
+                .arg(r.owner.as_str())
+                .arg(ms(r.lease));
+        }
+        let key = (renewals.len() == 1).then(|| &renewals[0].key);
+        let answers: Vec<i64> = self
+            .with_conn(Operation::Extend, key, |mut c| async move {
+                match pipe.query_async(&mut c).await {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        EXTEND.prepare_invoke().load_async(&mut c).await?;
+                        pipe.query_async(&mut c).await
+                    }
+                    other => other,
+                }
+            })
+            .await?;
+        Ok(answers.into_iter().map(|n| n == 1).collect())
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
+        let mut inv = RELEASE.key(self.lock_key(key));
+        inv.arg(owner.as_str()).arg(self.release_channel(key));
+        let n: i64 = self
+            .with_conn(Operation::Release, Some(key), |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {
+        let Some(notifier) = self.notifier() else {
+            return Ok(ReleaseWatch::never());
+        };
+        let channel = self.release_channel(key);
+        let (reply, answer) = oneshot::channel();
+        notifier
+            .cmds
+            .send(Cmd::Subscribe(channel.clone(), key.clone(), reply))
+            .map_err(|_| notifier_gone(key))?;
+        let rx = answer.await.map_err(|_| notifier_gone(key))??;
+        Ok(ReleaseWatch::new(rx).with_guard(Unsubscribe {
+            cmds: notifier.cmds.clone(),
+            channel: Some(channel),
+        }))
+    }
+}
+
+fn notifier_gone(key: &LockKey) -> Error {
+    Error::Unavailable {
+        op: Operation::Subscribe,
+        key: Some(key.clone()),
+        source: "the notification task has stopped".into(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Release notifications: one pub/sub connection per store, one task that
+// owns it. Waiters ask the task for a subscription and get a watch receiver
+// once SUBSCRIBE is confirmed; a reader task bumps the channel's counter on
+// every message. Channels are reference-counted by their live receivers and
+// unsubscribed when the last waiter leaves.
+
+enum Cmd {
+    Subscribe(
+        String,
+        LockKey,
+        oneshot::Sender<Result<watch::Receiver<u64>, Error>>,
+    ),
+    Unsubscribe(String),
+}
+
+struct Notifier {
+    cmds: mpsc::UnboundedSender<Cmd>,
+}
+
+struct Unsubscribe {
+    cmds: mpsc::UnboundedSender<Cmd>,
+    channel: Option<String>,
+}
+
+impl Drop for Unsubscribe {
+    fn drop(&mut self) {
+        if let Some(ch) = self.channel.take() {
+            let _ = self.cmds.send(Cmd::Unsubscribe(ch));
+        }
+    }
+}
+
+struct Channel {
+    tx: watch::Sender<u64>,
+    on_server: bool,
+}
+
+type Channels = Arc<Mutex<HashMap<String, Channel>>>;
+
+/// Aborts the reader when the connection is replaced or the task ends.
+struct Reader(JoinHandle<()>);
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Notifier {
+    fn spawn(client: redis::Client, timeout: Duration) -> Notifier {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(notifier_task(client, rx, timeout));
+        Notifier { cmds: tx }
+    }
+}
+
+async fn notifier_task(
+    client: redis::Client,
+    mut cmds: mpsc::UnboundedReceiver<Cmd>,
+    timeout: Duration,
+) {
+    let channels: Channels = Arc::default();
+    let mut sink: Option<(PubSubSink, Reader)> = None;
+    let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<()>();
+    loop {
+        let first = tokio::select! {
+            cmd = cmds.recv() => match cmd {
+                Some(cmd) => cmd,
+                None => return,
+            },
+            Some(()) = lost_rx.recv() => {
+                // The connection dropped: every channel must be subscribed
+                // again, and every waiter may have missed a release.
+                sink = None;
+                for ch in lock(&channels).values_mut() {
+                    ch.on_server = false;
+                    ch.tx.send_modify(|n| *n = n.wrapping_add(1));
+                }
+                tracing::debug!("release notification connection lost");
+                continue;
+            }
+        };
+        let mut batch = vec![first];
+        while let Ok(cmd) = cmds.try_recv() {
+            batch.push(cmd);
+        }
+
+        let mut waiting = Vec::new();
+        let mut drop_channels = Vec::new();
+        {
+            let mut map = lock(&channels);
+            for cmd in batch {
+                match cmd {
+                    Cmd::Subscribe(ch, key, reply) => {
+                        let entry = map.entry(ch.clone()).or_insert_with(|| Channel {
+                            tx: watch::channel(0).0,
+                            on_server: false,
+                        });
+                        waiting.push((ch, key, entry.tx.subscribe(), reply));
+                    }
+                    Cmd::Unsubscribe(ch) => {
+                        if map.get(&ch).is_some_and(|c| c.tx.receiver_count() == 0)
+                            && let Some(c) = map.remove(&ch)
+                            && c.on_server
+                        {
+                            drop_channels.push(ch);
+                        }
+                    }
+                }
+            }
+        }
+
+        if let Some((s, _)) = &mut sink
+            && !drop_channels.is_empty()
+            && !matches!(
+                tokio::time::timeout(timeout, s.unsubscribe(&drop_channels)).await,
+                Ok(Ok(()))
+            )
+        {
+            sink = None;
+        }
+
+        if waiting.is_empty() {
+            continue;
+        }
+        let mut result = Ok(());
+        if sink.is_none() {
+            match tokio::time::timeout(timeout, client.get_async_pubsub()).await {
+                Ok(Ok(pubsub)) => {
+                    let (s, mut stream) = pubsub.split();
+                    let map = channels.clone();
+                    let lost = lost_tx.clone();
+                    let reader = tokio::spawn(async move {
+                        while let Some(msg) = stream.next().await {
+                            if let Some(ch) = lock(&map).get(msg.get_channel_name()) {
+                                ch.tx.send_modify(|n| *n = n.wrapping_add(1));
+                            }
+                        }
+                        let _ = lost.send(());
+                    });
+                    sink = Some((s, Reader(reader)));
+                }
+                Ok(Err(e)) => result = Err(("connect", Some(e))),
+                Err(_) => result = Err(("connect", None)),
+            }
+        }
+        if let (Some((s, _)), Ok(())) = (&mut sink, &result) {
+            // Everything known but not yet on the server: new channels and,
+            // after a reconnect, the ones that were there before.
+            let pending: Vec<String> = lock(&channels)
+                .iter()
+                .filter(|(_, c)| !c.on_server)
+                .map(|(name, _)| name.clone())
+                .collect();
+            if !pending.is_empty() {
+                match tokio::time::timeout(timeout, s.subscribe(&pending)).await {
+                    Ok(Ok(())) => {
+                        let mut map = lock(&channels);
+                        for name in &pending {
+                            if let Some(c) = map.get_mut(name) {
+                                c.on_server = true;
+                            }
+                        }
+                    }
+                    Ok(Err(e)) => result = Err(("subscribe", Some(e))),
+                    Err(_) => result = Err(("subscribe", None)),
+                }
+            }
+        }
+        if result.is_err() {
+            sink = None;
+        }
+        for (_, key, rx, reply) in waiting {
+            let answer = match &result {
+                Ok(()) => Ok(rx),
+                Err((_, Some(e))) => Err(Error::from_redis(
+                    Operation::Subscribe,
+                    Some(&key),
+                    e.clone(),
+                )),
+                Err((_, None)) => Err(timeout_error(Operation::Subscribe, Some(&key), timeout)),
+            };
+            let _ = reply.send(answer);
+        }
+        // Channels whose only would-be waiters were just refused.
+        lock(&channels).retain(|_, c| c.on_server || c.tx.receiver_count() > 0);
+    }
+}

@@ -1,0 +1,190 @@
+//! One renewal scheduler per [`Locker`](crate::Locker).
+//!
+//! Every lease the locker grants is registered here. A single task keeps a
+//! timer queue ordered by the next moment each lease needs attention: its
+//! renewal time (lease/3 after the last successful renewal started) or, while
+//! a renewal is in flight, its validity deadline. When it wakes, it gathers
+//! every lease due within a small coalescing window and renews them with
+//! [`LockStore::extend_many`] in batches — one pipelined round trip per batch
+//! for the Redis stores — instead of one timer task and round trip per lock.
+//!
+//! Outcomes: "extended" moves the validity deadline forward; "not owner"
+//! flips the lease to lost at once; an error leaves the lease as it is and
+//! retries soon. If the validity deadline passes with no successful renewal,
+//! the lease is flipped to lost at that instant.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::guard::{Lease, LossReason};
+use crate::store::{LockStore, Renewal};
+
+/// Messages to the scheduler.
+pub(crate) enum Cmd {
+    /// Start renewing a freshly granted lease.
+    Add(Arc<Lease>),
+    /// Stop renewing (released). Sent before the release command.
+    Remove(u64),
+}
+
+struct Entry {
+    lease: Arc<Lease>,
+    next_renew: Instant,
+    queued: Instant,
+    in_flight: bool,
+}
+
+type BatchResult = (
+    Vec<(u64, Duration)>,
+    Instant,
+    Result<Vec<bool>, crate::Error>,
+);
+
+pub(crate) async fn run<S: LockStore>(
+    store: Arc<S>,
+    mut cmds: mpsc::UnboundedReceiver<Cmd>,
+    batch_size: usize,
+) {
+    let mut entries: HashMap<u64, Entry> = HashMap::new();
+    let mut queue: BTreeSet<(Instant, u64)> = BTreeSet::new();
+    let mut in_flight: JoinSet<BatchResult> = JoinSet::new();
+
+    loop {
+        let next_wake = queue.first().map(|&(t, _)| t);
+        tokio::select! {
+            biased;
+            cmd = cmds.recv() => match cmd {
+                Some(Cmd::Add(lease)) => {
+                    let next_renew = lease.acquired_at + lease.lease / 3;
+                    let id = lease.id;
+                    queue.insert((next_renew, id));
+                    entries.insert(id, Entry { lease, next_renew, queued: next_renew, in_flight: false });
+                }
+                Some(Cmd::Remove(id)) => {
+                    if let Some(e) = entries.remove(&id) {
+                        queue.remove(&(e.queued, id));
+                    }
+                }
+                // Every locker and guard is gone, so no lease is left.
+                None => return,
+            },
+            Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
+                let Ok((batch, started, result)) = done else { continue };
+                let now = Instant::now();
+                for (i, (id, applied)) in batch.into_iter().enumerate() {
+                    let Some(e) = entries.get_mut(&id) else { continue };
+                    e.in_flight = false;
+                    let outcome = result.as_ref().map(|v| v.get(i).copied().unwrap_or(false));
+                    match outcome {
+                        Ok(true) => {
+                            e.lease.renewed(started, applied);
+                            e.next_renew = started + e.lease.lease / 3;
+                        }
+                        Ok(false) => {
+                            e.lease.mark_lost(LossReason::NotOwner);
+                            queue.remove(&(e.queued, id));
+                            entries.remove(&id);
+                            continue;
+                        }
+                        Err(_) => {
+                            // Try again soon; the deadline decides if it is lost.
+                            e.next_renew = now + (e.lease.lease / 12).min(Duration::from_secs(1));
+                        }
+                    }
+                    let at = e.next_renew.min(e.lease.valid_until());
+                    queue.remove(&(e.queued, id));
+                    e.queued = at;
+                    queue.insert((at, id));
+                }
+                if let Err(e) = &result {
+                    tracing::warn!(error = %e, "lease renewal failed; retrying");
+                }
+            }
+            _ = sleep_until(next_wake) => {}
+        }
+
+        // Whatever woke us, handle everything that is due.
+        let now = Instant::now();
+        let mut due: Vec<(u64, Duration)> = Vec::new();
+        while let Some(&(at, id)) = queue.first() {
+            let window = entries
+                .get(&id)
+                .map_or(Duration::ZERO, |e| e.lease.lease / 12);
+            if at > now + window {
+                break;
+            }
+            queue.pop_first();
+            let Some(e) = entries.get_mut(&id) else {
+                continue;
+            };
+            if !e.lease.is_active() {
+                entries.remove(&id);
+                continue;
+            }
+            if now >= e.lease.valid_until() {
+                e.lease.mark_lost(LossReason::Expired);
+                entries.remove(&id);
+                continue;
+            }
+            if e.in_flight {
+                // Woken for the deadline, which is not there yet (a renewal
+                // is still in flight): look again at the deadline.
+                e.queued = e.lease.valid_until();
+                queue.insert((e.queued, id));
+                continue;
+            }
+            let lease = match e.lease.hold_deadline {
+                Some(cap) => e.lease.lease.min(cap.saturating_duration_since(now)),
+                None => e.lease.lease,
+            };
+            if lease < e.lease.drift * 2 {
+                // The hold cap is reached: stop renewing and let the lease
+                // run out; it is reported lost at its deadline.
+                e.queued = e.lease.valid_until();
+                queue.insert((e.queued, id));
+                continue;
+            }
+            e.in_flight = true;
+            e.queued = e.lease.valid_until();
+            queue.insert((e.queued, id));
+            due.push((id, lease));
+        }
+        for chunk in due.chunks(batch_size.max(1)) {
+            let renewals: Vec<Renewal> = chunk
+                .iter()
+                .filter_map(|&(id, lease)| {
+                    let e = entries.get(&id)?;
+                    Some(Renewal {
+                        key: e.lease.key.clone(),
+                        owner: e.lease.owner.clone(),
+                        lease,
+                    })
+                })
+                .collect();
+            let batch = chunk.to_vec();
+            let store = store.clone();
+            in_flight.spawn(async move {
+                let started = Instant::now();
+                let result = store.extend_many(&renewals).await;
+                tracing::trace!(
+                    count = renewals.len(),
+                    ok = result.is_ok(),
+                    "renewed leases"
+                );
+                (batch, started, result)
+            });
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,416 @@
+//! Self-test of the test support module (`tests/support/mod.rs`).
+
+mod support;
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::{RedisServer, Reply, free_port, wait_until};
+
+fn bulk(s: &str) -> Reply {
+    Reply::Bulk(Some(s.as_bytes().to_vec()))
+}
+
+fn ok() -> Reply {
+    Reply::Simple("OK".into())
+}
+
+/// Whether process `pid` is gone (or only a zombie left for init to reap).
+fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+#[test]
+fn set_get_round_trip_and_reply_types() {
+    let srv = RedisServer::start();
+    assert_eq!(srv.url(), format!("redis://127.0.0.1:{}/", srv.port()));
+    assert_eq!(srv.addr().port(), srv.port());
+    assert!(srv.addr().ip().is_loopback());
+
+    assert_eq!(srv.cmd(&["PING"]), Reply::Simple("PONG".into()));
+    assert_eq!(srv.cmd(&["SET", "greeting", "hello world"]), ok());
+    let got = srv.cmd(&["GET", "greeting"]);
+    assert_eq!(got, bulk("hello world"));
+    assert_eq!(got.as_string().as_deref(), Some("hello world"));
+    assert!(!got.is_nil());
+
+    let missing = srv.cmd(&["GET", "missing"]);
+    assert!(missing.is_nil());
+    assert_eq!(missing.as_string(), None);
+
+    assert_eq!(srv.cmd(&["INCR", "counter"]), Reply::Int(1));
+    assert_eq!(srv.cmd(&["INCRBY", "counter", "41"]).as_int(), Some(42));
+    assert_eq!(srv.cmd(&["GET", "counter"]).as_int(), Some(42));
+
+    assert_eq!(
+        srv.cmd(&["MGET", "greeting", "missing"]),
+        Reply::Array(Some(vec![bulk("hello world"), Reply::Bulk(None)]))
+    );
+    assert_eq!(
+        srv.cmd(&["BLPOP", "no-such-list", "0.01"]),
+        Reply::Array(None)
+    );
+
+    let err = srv.cmd(&["NO-SUCH-COMMAND"]);
+    assert!(
+        matches!(&err, Reply::Error(msg) if msg.starts_with("ERR")),
+        "{err:?}"
+    );
+
+    // Empty and large values (the reply spans many socket reads).
+    assert_eq!(srv.cmd(&["SET", "empty", ""]), ok());
+    assert_eq!(srv.cmd(&["GET", "empty"]), bulk(""));
+    let big: String = (0..200_000)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    assert_eq!(srv.cmd(&["SET", "big", &big]), ok());
+    assert_eq!(srv.cmd(&["GET", "big"]), bulk(&big));
+}
+
+#[test]
+fn command_calls_count_exactly_after_reset() {
+    let srv = RedisServer::start();
+    for i in 0..3 {
+        srv.cmd(&["SET", &format!("before{i}"), "x"]);
+    }
+    assert_eq!(srv.command_calls("set"), 3);
+
+    srv.reset_stats();
+    assert_eq!(srv.command_calls("set"), 0);
+    assert_eq!(srv.command_calls("get"), 0);
+
+    for i in 0..7 {
+        srv.cmd(&["SET", &format!("k{i}"), "v"]);
+    }
+    srv.cmd(&["GET", "k0"]);
+    srv.cmd(&["GET", "k1"]);
+    assert_eq!(srv.command_calls("set"), 7);
+    assert_eq!(srv.command_calls("SET"), 7);
+    assert_eq!(srv.command_calls("get"), 2);
+    assert_eq!(srv.command_calls("evalsha"), 0);
+
+    let stats = srv.command_stats();
+    assert_eq!(stats.get("set"), Some(&7));
+    assert_eq!(stats.get("get"), Some(&2));
+    // Subcommands are reported as `command|subcommand` and summed by the base name.
+    assert_eq!(stats.get("config|resetstat"), Some(&1));
+    assert_eq!(srv.command_calls("config"), 1);
+}
+
+#[test]
+fn keys_and_dbsize_reflect_writes() {
+    let srv = RedisServer::start();
+    assert_eq!(srv.dbsize(), 0);
+    assert!(srv.keys().is_empty());
+
+    for key in ["b", "a", "c"] {
+        srv.cmd(&["SET", key, "1"]);
+    }
+    assert_eq!(srv.keys(), vec!["a", "b", "c"]);
+    assert_eq!(srv.dbsize(), 3);
+
+    assert_eq!(srv.cmd(&["DEL", "b"]), Reply::Int(1));
+    assert_eq!(srv.keys(), vec!["a", "c"]);
+    assert_eq!(srv.dbsize(), 2);
+}
+
+#[test]
+fn freeze_makes_try_cmd_fail_and_thaw_recovers() {
+    let srv = RedisServer::start();
+    srv.cmd(&["SET", "k", "v"]);
+    assert_eq!(srv.try_cmd(&["PING"]), Ok(Reply::Simple("PONG".into())));
+
+    srv.freeze();
+    let started = Instant::now();
+    let frozen = srv.try_cmd(&["GET", "k"]);
+    let took = started.elapsed();
+    assert!(frozen.is_err(), "frozen server answered {frozen:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "try_cmd against a frozen server took {took:?}"
+    );
+
+    srv.thaw();
+    assert_eq!(srv.try_cmd(&["GET", "k"]), Ok(bulk("v")));
+    assert_eq!(srv.cmd(&["PING"]), Reply::Simple("PONG".into()));
+}
+
+#[test]
+fn stop_makes_try_cmd_fail_and_restart_comes_back_empty() {
+    let mut srv = RedisServer::start();
+    let port = srv.port();
+    let old_pid = srv.pid().expect("running server has a pid");
+    srv.cmd(&["SET", "k", "v"]);
+    assert_eq!(srv.dbsize(), 1);
+
+    srv.stop();
+    assert!(srv.pid().is_none());
+    assert!(srv.try_cmd(&["PING"]).is_err());
+    assert!(TcpStream::connect(srv.addr()).is_err());
+    srv.stop(); // idempotent
+
+    srv.restart();
+    assert_eq!(srv.port(), port);
+    assert_ne!(srv.pid(), Some(old_pid));
+    assert_eq!(srv.try_cmd(&["PING"]), Ok(Reply::Simple("PONG".into())));
+    assert_eq!(srv.dbsize(), 0);
+    assert!(srv.cmd(&["GET", "k"]).is_nil());
+
+    // Restarting a running server works too.
+    srv.cmd(&["SET", "k2", "v"]);
+    srv.restart();
+    assert_eq!(srv.port(), port);
+    assert_eq!(srv.dbsize(), 0);
+}
+
+#[test]
+fn servers_started_in_parallel_threads_get_distinct_ports() {
+    const N: usize = 4;
+    let barrier = Arc::new(Barrier::new(N));
+    let handles: Vec<_> = (0..N)
+        .map(|_| {
+            let barrier = Arc::clone(&barrier);
+            thread::spawn(move || {
+                barrier.wait();
+                RedisServer::start()
+            })
+        })
+        .collect();
+    let servers: Vec<RedisServer> = handles
+        .into_iter()
+        .map(|h| h.join().expect("start thread panicked"))
+        .collect();
+
+    let ports: HashSet<u16> = servers.iter().map(RedisServer::port).collect();
+    assert_eq!(ports.len(), N, "ports: {ports:?}");
+
+    // The threads that started them have exited; the servers must still be alive and
+    // each one must be its own process.
+    thread::sleep(Duration::from_millis(50));
+    let pids: HashSet<u32> = servers.iter().filter_map(RedisServer::pid).collect();
+    assert_eq!(pids.len(), N);
+    for (i, srv) in servers.iter().enumerate() {
+        srv.cmd(&["SET", "id", &i.to_string()]);
+    }
+    for (i, srv) in servers.iter().enumerate() {
+        assert_eq!(srv.cmd(&["GET", "id"]).as_int(), Some(i as i64));
+        assert_eq!(srv.dbsize(), 1);
+    }
+}
+
+#[test]
+fn dropping_a_server_closes_its_port() {
+    let srv = RedisServer::start();
+    let addr = srv.addr();
+    let pid = srv.pid().unwrap();
+    assert!(TcpStream::connect(addr).is_ok());
+
+    drop(srv);
+    let refused = TcpStream::connect_timeout(&addr, Duration::from_secs(1));
+    assert!(
+        refused.is_err(),
+        "port {} still accepts connections",
+        addr.port()
+    );
+    assert!(process_gone(pid), "redis-server {pid} still running");
+}
+
+#[test]
+fn dropping_a_frozen_server_kills_it() {
+    let srv = RedisServer::start();
+    let addr = srv.addr();
+    let pid = srv.pid().unwrap();
+    srv.freeze();
+    drop(srv);
+    assert!(process_gone(pid), "redis-server {pid} still running");
+    assert!(TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err());
+}
+
+#[test]
+fn connected_clients_excludes_the_probe() {
+    let srv = RedisServer::start();
+    assert!(wait_until(Duration::from_secs(5), || srv
+        .connected_clients()
+        == 0));
+
+    let mut first = TcpStream::connect(srv.addr()).unwrap();
+    let second = TcpStream::connect(srv.addr()).unwrap();
+    // Make sure the server has accepted both before counting.
+    first.write_all(b"PING\r\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(&first).read_line(&mut line).unwrap();
+    assert_eq!(line, "+PONG\r\n");
+    assert!(
+        wait_until(Duration::from_secs(5), || srv.connected_clients() == 2),
+        "connected_clients = {}",
+        srv.connected_clients()
+    );
+
+    drop(first);
+    drop(second);
+    assert!(
+        wait_until(Duration::from_secs(5), || srv.connected_clients() == 0),
+        "connected_clients = {}",
+        srv.connected_clients()
+    );
+}
+
+#[test]
+fn extra_args_are_passed_and_requirepass_is_used_by_helpers() {
+    let srv =
+        RedisServer::start_with(&["--requirepass", "s3cret", "--enable-debug-command", "yes"]);
+    // Helpers authenticate by themselves.
+    assert_eq!(srv.cmd(&["SET", "k", "v"]), ok());
+    assert_eq!(srv.keys(), vec!["k"]);
+    assert_eq!(srv.command_calls("set"), 1);
+    assert_eq!(srv.cmd(&["DEBUG", "SLEEP", "0"]), ok());
+    assert_eq!(
+        srv.cmd(&["CONFIG", "GET", "requirepass"]),
+        Reply::Array(Some(vec![bulk("requirepass"), bulk("s3cret")]))
+    );
+
+    // A raw connection without AUTH is refused.
+    let mut raw = TcpStream::connect(srv.addr()).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    raw.write_all(b"*1\r\n$4\r\nPING\r\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(&raw).read_line(&mut line).unwrap();
+    assert!(line.starts_with("-NOAUTH"), "{line:?}");
+
+    let mut srv = srv;
+    srv.restart();
+    assert_eq!(srv.cmd(&["PING"]), Reply::Simple("PONG".into()));
+}
+
+#[test]
+#[should_panic(expected = "no-such-option-for-the-selftest")]
+fn startup_failure_panics_with_the_server_log() {
+    let _srv = RedisServer::start_with(&["--no-such-option-for-the-selftest", "1"]);
+}
+
+#[test]
+fn free_port_is_bindable() {
+    let port = free_port();
+    assert_ne!(port, 0);
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port));
+    assert!(listener.is_ok(), "{listener:?}");
+}
+
+#[test]
+fn wait_until_reports_success_and_timeout() {
+    let started = Instant::now();
+    let mut calls = 0;
+    assert!(wait_until(Duration::from_secs(5), || {
+        calls += 1;
+        calls == 3
+    }));
+    assert_eq!(calls, 3);
+    assert!(started.elapsed() < Duration::from_secs(1));
+
+    let started = Instant::now();
+    assert!(!wait_until(Duration::from_millis(50), || false));
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(50) && took < Duration::from_secs(1),
+        "{took:?}"
+    );
+}
+
+/// Env var telling `pdeathsig_helper` to actually run.
+const HELPER_ENV: &str = "SUPPORT_SELFTEST_PDEATHSIG_HELPER";
+
+/// Not a test by itself: run by `server_dies_with_a_killed_test_process` in a child
+/// process. Starts a server from a short-lived thread, reports it, and waits to be killed.
+#[test]
+#[ignore = "helper process for server_dies_with_a_killed_test_process"]
+fn pdeathsig_helper() {
+    if std::env::var_os(HELPER_ENV).is_none() {
+        return;
+    }
+    let srv = thread::spawn(RedisServer::start).join().unwrap();
+    println!("REDIS_SERVER {} {}", srv.pid().unwrap(), srv.port());
+    std::io::stdout().flush().unwrap();
+    // Bounded: the parent kills us long before this.
+    thread::sleep(Duration::from_secs(30));
+}
+
+/// Kills and reaps the helper process however the test ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn server_dies_with_a_killed_test_process() {
+    let helper = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "pdeathsig_helper",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(HELPER_ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut helper = KillOnDrop(helper);
+    // Read the report on another thread so that a silent helper cannot hang the test.
+    let stdout = BufReader::new(helper.0.stdout.take().unwrap());
+    let (report_tx, report_rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            // libtest prints "test pdeathsig_helper ... " on the same line first.
+            if let Some((_, rest)) = line.split_once("REDIS_SERVER ") {
+                let _ = report_tx.send(rest.to_string());
+                return;
+            }
+        }
+    });
+    let found = report_rx
+        .recv_timeout(Duration::from_secs(20))
+        .ok()
+        .and_then(|rest| {
+            let (pid, port) = rest.trim().split_once(' ')?;
+            Some((pid.parse::<u32>().ok()?, port.parse::<u16>().ok()?))
+        });
+    let Some((pid, port)) = found else {
+        panic!("helper process did not report a server");
+    };
+    assert!(!process_gone(pid));
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_ok());
+
+    helper.0.kill().unwrap(); // SIGKILL: no Drop runs in the helper
+    helper.0.wait().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || process_gone(pid)),
+        "redis-server {pid} survived its killed parent"
+    );
+    // Not reaped by us: its group leader can look like a zombie while its other threads
+    // still hold the listening socket for a moment.
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    assert!(
+        wait_until(Duration::from_secs(5), || TcpStream::connect_timeout(
+            &addr,
+            Duration::from_secs(1)
+        )
+        .is_err()),
+        "port {port} still accepts connections after its server was killed"
+    );
+}
