@@ -137,7 +137,12 @@ impl Error {
             err.kind(),
             redis::ErrorKind::AuthenticationFailed
                 | redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
-        ) || matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"));
+        ) || matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+            // Errors of a pipeline come wrapped; their codes show in the text.
+            || {
+                let text = err.to_string();
+                ["NOAUTH", "WRONGPASS", "NOPERM"].iter().any(|c| text.contains(c))
+            };
         let key = key.cloned();
         let source = Box::new(err);
         if auth {

@@ -1,6 +1,6 @@
 //! The lock engine: acquiring with a wait, and handing out guards.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -64,6 +64,7 @@ struct Inner<S> {
     opts: Options,
     watchdog: OnceLock<(mpsc::UnboundedSender<Cmd>, tokio::runtime::Handle)>,
     next_id: AtomicU64,
+    renewing: Arc<AtomicUsize>,
 }
 
 #[derive(Debug, Clone)]
@@ -157,6 +158,7 @@ impl<S: LockStore> LockerBuilder<S> {
                 opts: self.opts,
                 watchdog: OnceLock::new(),
                 next_id: AtomicU64::new(0),
+                renewing: Arc::default(),
             }),
         })
     }
@@ -177,6 +179,7 @@ impl<S: LockStore> Locker<S> {
                 opts: default_options(),
                 watchdog: OnceLock::new(),
                 next_id: AtomicU64::new(0),
+                renewing: Arc::default(),
             }),
         }
     }
@@ -197,6 +200,13 @@ impl<S: LockStore> Locker<S> {
     /// The configured lease.
     pub fn lease(&self) -> Duration {
         self.inner.opts.lease
+    }
+
+    /// How many leases the watchdog is renewing right now (granted and
+    /// neither released nor lost). Updated by the watchdog task, so it lags
+    /// a release by one scheduling step.
+    pub fn renewing(&self) -> usize {
+        self.inner.renewing.load(Ordering::Relaxed)
     }
 
     /// The configured wait timeout.
@@ -329,6 +339,7 @@ impl<S: LockStore> Locker<S> {
                 self.inner.store.clone(),
                 rx,
                 self.inner.opts.batch,
+                self.inner.renewing.clone(),
             ));
             (tx, tokio::runtime::Handle::current())
         });

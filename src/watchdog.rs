@@ -15,6 +15,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -49,6 +50,7 @@ pub(crate) async fn run<S: LockStore>(
     store: Arc<S>,
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
     batch_size: usize,
+    renewing: Arc<AtomicUsize>,
 ) {
     let mut entries: HashMap<u64, Entry> = HashMap::new();
     let mut queue: BTreeSet<(Instant, u64)> = BTreeSet::new();
@@ -71,7 +73,10 @@ pub(crate) async fn run<S: LockStore>(
                     }
                 }
                 // Every locker and guard is gone, so no lease is left.
-                None => return,
+                None => {
+                    renewing.store(0, Ordering::Relaxed);
+                    return;
+                }
             },
             Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
                 let Ok((batch, started, result)) = done else { continue };
@@ -154,6 +159,7 @@ pub(crate) async fn run<S: LockStore>(
             queue.insert((e.queued, id));
             due.push((id, lease));
         }
+        renewing.store(entries.len(), Ordering::Relaxed);
         for chunk in due.chunks(batch_size.max(1)) {
             let renewals: Vec<Renewal> = chunk
                 .iter()

@@ -21,9 +21,7 @@ use crate::{Error, FencingToken, LockKey, Operation, OwnerToken};
 // KEYS[1] lock, KEYS[2] fence counter
 // ARGV[1] owner, ARGV[2] lease ms, ARGV[3] fence retention ms
 // -> {1, token} granted (or re-entered: same token), {0, pttl} held
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
+const ACQUIRE_SRC: &str = r#"
 local cur = redis.call('GET', KEYS[1])
 if cur then
   if string.sub(cur, 1, 32) == ARGV[1] then
@@ -40,27 +38,21 @@ local s = string.format('%.0f', token)
 redis.call('SET', KEYS[2], s, 'PX', ARGV[3])
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. s, 'PX', ARGV[2])
 return {1, token}
-"#,
-    )
-});
+"#;
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_SRC));
 
 // KEYS[1] lock; ARGV[1] owner, ARGV[2] lease ms -> 1 extended, 0 not owner
-static EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
+const EXTEND_SRC: &str = r#"
 local cur = redis.call('GET', KEYS[1])
 if cur and string.sub(cur, 1, 32) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
-"#,
-    )
-});
+"#;
+static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_SRC));
 
 // KEYS[1] lock; ARGV[1] owner, ARGV[2] release channel -> 1 released, 0 not owner
-static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
+const RELEASE_SRC: &str = r#"
 local cur = redis.call('GET', KEYS[1])
 if cur and string.sub(cur, 1, 32) == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -68,9 +60,8 @@ if cur and string.sub(cur, 1, 32) == ARGV[1] then
   return 1
 end
 return 0
-"#,
-    )
-});
+"#;
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SRC));
 
 /// Locks on one Redis primary (standalone, or the primary of a replicated
 /// setup with no automatic failover).
@@ -110,6 +101,9 @@ pub struct RedisStore {
 struct Inner {
     pool: deadpool_redis::Pool,
     conn: Mutex<Option<MultiplexedConnection>>,
+    /// Held while a new connection is checked out, so a burst of requests
+    /// after a disconnect opens one connection, not one each.
+    connecting: tokio::sync::Mutex<()>,
     prefix: String,
     fence_retention_ms: u64,
     timeout: Duration,
@@ -140,6 +134,7 @@ impl RedisStore {
             inner: Arc::new(Inner {
                 pool,
                 conn: Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(()),
                 prefix: DEFAULT_PREFIX.to_owned(),
                 fence_retention_ms: DEFAULT_FENCE_RETENTION.as_millis() as u64,
                 timeout: DEFAULT_TIMEOUT,
@@ -220,6 +215,7 @@ impl RedisStore {
             self.inner = Arc::new(Inner {
                 pool: i.pool.clone(),
                 conn: Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(()),
                 prefix: i.prefix.clone(),
                 fence_retention_ms: i.fence_retention_ms,
                 timeout: i.timeout,
@@ -238,13 +234,27 @@ impl RedisStore {
         if let Some(c) = lock(&self.inner.conn).as_ref() {
             return Ok(c.clone());
         }
+        let _one_at_a_time = self.inner.connecting.lock().await;
+        if let Some(c) = lock(&self.inner.conn).as_ref() {
+            return Ok(c.clone());
+        }
         let obj = self
             .inner
             .pool
             .get()
             .await
             .map_err(|e| pool_error(op, key, e))?;
-        let conn = deadpool_redis::Connection::take(obj);
+        let mut conn = deadpool_redis::Connection::take(obj);
+        // Load the scripts once per connection, in one round trip, so that
+        // first uses do not pay for a NOSCRIPT answer. (EVALSHA still falls
+        // back to loading if the server's script cache is flushed.)
+        let mut load = redis::pipe();
+        for src in [ACQUIRE_SRC, EXTEND_SRC, RELEASE_SRC] {
+            load.cmd("SCRIPT").arg("LOAD").arg(src).ignore();
+        }
+        load.query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| Error::from_redis(op, key, e))?;
         *lock(&self.inner.conn) = Some(conn.clone());
         Ok(conn)
     }

@@ -1,0 +1,415 @@
+//! Redis-specific behaviour of the engine, against real `redis-server`
+//! processes: wake-ups by notification, loss detection, failure modes,
+//! cancellation, key growth.
+
+mod support;
+
+use std::time::Duration;
+
+use support::RedisServer;
+use tokio::time::{Instant, timeout};
+use tower_redis_lock::{Error, FenceOutcome, FencedResource, LockKey, Locker, RedisStore};
+
+fn key(id: &str) -> LockKey {
+    LockKey::new("engine", id).unwrap()
+}
+
+fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::from_url(&server.url())
+        .unwrap()
+        .with_command_timeout(Duration::from_millis(500))
+        .unwrap()
+}
+
+fn locker(server: &RedisServer, lease_ms: u64, wait_ms: u64) -> Locker<RedisStore> {
+    Locker::builder(store(server))
+        .lease(Duration::from_millis(lease_ms))
+        .wait_timeout(Duration::from_millis(wait_ms))
+        .build()
+        .unwrap()
+}
+
+async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while !cond() {
+        if Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    true
+}
+
+fn lock_keys(server: &RedisServer) -> Vec<String> {
+    server
+        .keys()
+        .into_iter()
+        .filter(|k| k.ends_with(":lock"))
+        .collect()
+}
+
+#[tokio::test]
+async fn keys_share_one_hash_tag_and_carry_the_value_we_expect() {
+    let server = RedisServer::start();
+    let l = locker(&server, 10_000, 0);
+    let k = LockKey::new("orders", "ord_1").unwrap();
+    let g = l.acquire(&k).await.unwrap();
+    assert_eq!(
+        server.keys(),
+        vec!["trl:{orders:ord_1}:fence", "trl:{orders:ord_1}:lock"]
+    );
+    let value = server
+        .cmd(&["GET", "trl:{orders:ord_1}:lock"])
+        .as_string()
+        .unwrap();
+    let (owner, token) = value.split_at(32);
+    assert!(owner.bytes().all(|b| b.is_ascii_hexdigit()));
+    assert_eq!(token, format!(":{}", g.fencing_token()));
+    // Both keys expire: nothing is left behind per distinct lock key.
+    for k in server.keys() {
+        let ttl = server.cmd(&["PTTL", &k]).as_int().unwrap();
+        assert!(ttl > 0, "{k} has no expiry");
+    }
+}
+
+#[tokio::test]
+async fn a_waiter_is_woken_by_the_release_notification_not_by_polling() {
+    let server = RedisServer::start();
+    // The poll interval and the lease are far longer than the test: only a
+    // notification can wake the waiter in time.
+    let l = Locker::builder(store(&server))
+        .lease(Duration::from_secs(60))
+        .wait_timeout(Duration::from_secs(30))
+        .poll_interval(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let k = key("wake");
+    let holder = l.acquire(&k).await.unwrap();
+    server.reset_stats();
+
+    let waiter = {
+        let (l, k) = (l.clone(), k.clone());
+        tokio::spawn(async move {
+            let g = l.acquire(&k).await.unwrap();
+            (Instant::now(), g)
+        })
+    };
+    // Wait until the waiter has subscribed before releasing.
+    let channel = "trl:{engine:wake}:released";
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            server
+                .cmd(&["PUBSUB", "NUMSUB", channel])
+                .as_array()
+                .unwrap()[1]
+                .as_int()
+                == Some(1)
+        })
+        .await
+    );
+    let released_at = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let (granted_at, g) = waiter.await.unwrap();
+    let gap = granted_at - released_at;
+    assert!(
+        gap < Duration::from_secs(10),
+        "woken after {gap:?}: by polling, not by the notification"
+    );
+    // Exactly: the waiter's try, its retry after subscribing, the release,
+    // and the waiter's try after the wake-up. No polling in between.
+    assert_eq!(
+        server.command_calls("evalsha"),
+        4,
+        "{:?}",
+        server.command_stats()
+    );
+    assert_eq!(server.command_calls("subscribe"), 1);
+    assert_eq!(
+        server.command_calls("publish"),
+        1,
+        "one publish per release"
+    );
+    drop(g);
+    // The subscription is dropped once nobody waits.
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            server
+                .cmd(&["PUBSUB", "NUMSUB", channel])
+                .as_array()
+                .unwrap()[1]
+                .as_int()
+                == Some(0)
+        })
+        .await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_waiters_share_one_pubsub_connection() {
+    let server = RedisServer::start();
+    let l = locker(&server, 30_000, 20_000);
+    let mut holders = Vec::new();
+    for i in 0..5 {
+        holders.push(l.acquire(&key(&format!("shared-{i}"))).await.unwrap());
+    }
+    let mut waiters = Vec::new();
+    for i in 0..40 {
+        let (l, k) = (l.clone(), key(&format!("shared-{}", i % 5)));
+        waiters.push(tokio::spawn(async move {
+            let g = l.acquire(&k).await.unwrap();
+            g.release().await.unwrap();
+        }));
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let r = server.cmd(&["PUBSUB", "NUMSUB", "trl:{engine:shared-4}:released"]);
+            r.as_array().unwrap()[1].as_int() == Some(1)
+        })
+        .await,
+        "one subscription per channel, however many waiters"
+    );
+    // One command connection and one pub/sub connection.
+    assert_eq!(server.connected_clients(), 2);
+    for h in holders {
+        h.release().await.unwrap();
+    }
+    for w in waiters {
+        timeout(Duration::from_secs(20), w).await.unwrap().unwrap();
+    }
+    assert_eq!(server.connected_clients(), 2);
+}
+
+#[tokio::test]
+async fn loss_is_reported_when_the_key_is_deleted_behind_the_holder() {
+    let server = RedisServer::start();
+    let l = locker(&server, 300, 0);
+    let g = l.acquire(&key("deleted")).await.unwrap();
+    server.cmd(&["DEL", "trl:{engine:deleted}:lock"]);
+    timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("loss not reported");
+    assert!(!g.is_held());
+    assert!(g.is_lost());
+    assert!(!g.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn loss_is_reported_when_the_key_is_overwritten_by_another_owner() {
+    let server = RedisServer::start();
+    let l = locker(&server, 300, 0);
+    let g = l.acquire(&key("stolen")).await.unwrap();
+    let thief = format!("{}:{}", "f".repeat(32), g.fencing_token().get() + 1);
+    server.cmd(&["SET", "trl:{engine:stolen}:lock", &thief, "PX", "60000"]);
+    timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("loss not reported");
+    assert!(!g.is_held());
+    // Our release must not delete the thief's lock.
+    assert!(!g.release().await.unwrap());
+    assert_eq!(
+        server
+            .cmd(&["GET", "trl:{engine:stolen}:lock"])
+            .as_string()
+            .unwrap(),
+        thief
+    );
+}
+
+#[tokio::test]
+async fn loss_is_reported_when_redis_is_frozen_past_the_lease() {
+    let server = RedisServer::start();
+    let l = locker(&server, 400, 0);
+    let g = l.acquire(&key("frozen")).await.unwrap();
+    server.freeze();
+    let lost = timeout(Duration::from_secs(5), g.lost()).await;
+    let held_for = g.acquired_at().elapsed();
+    server.thaw();
+    lost.expect("loss not reported while Redis was frozen");
+    assert!(!g.is_held());
+    // Flipped by the local deadline: no later than the lease.
+    assert!(held_for >= Duration::from_millis(390), "{held_for:?}");
+    // Once Redis is back, the lock is free again.
+    assert!(
+        eventually(Duration::from_secs(5), || lock_keys(&server).is_empty()).await,
+        "{:?}",
+        server.keys()
+    );
+}
+
+#[tokio::test]
+async fn redis_down_is_an_error_not_a_hang() {
+    let mut server = RedisServer::start();
+    let l = locker(&server, 5_000, 2_000);
+    l.try_acquire(&key("warm")).await.unwrap();
+    server.stop();
+    let started = Instant::now();
+    let err = timeout(Duration::from_secs(10), l.acquire(&key("down")))
+        .await
+        .expect("acquire hung with Redis down")
+        .unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    assert!(err.is_store_failure());
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    // And it recovers when Redis comes back.
+    server.restart();
+    let mut ok = false;
+    for _ in 0..200 {
+        if l.try_acquire(&key("back")).await.is_ok() {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(ok, "no recovery after Redis restarted");
+}
+
+#[tokio::test]
+async fn a_frozen_redis_times_out_into_unavailable() {
+    let server = RedisServer::start();
+    let l = Locker::new(
+        store(&server)
+            .with_command_timeout(Duration::from_millis(300))
+            .unwrap(),
+    );
+    l.try_acquire(&key("warm")).await.unwrap();
+    server.freeze();
+    let res = timeout(Duration::from_secs(10), l.try_acquire(&key("ice"))).await;
+    server.thaw();
+    match res.expect("hung") {
+        Err(Error::Unavailable { source, .. }) => {
+            assert!(source.to_string().contains("300 ms"), "{source}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn auth_failures_are_told_apart_from_outages() {
+    let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
+    let bad = Locker::new(store(&server));
+    match bad.try_acquire(&key("auth")).await {
+        Err(Error::Auth { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    let url = format!("redis://:s3cret@127.0.0.1:{}/", server.port());
+    let good = Locker::new(RedisStore::from_url(&url).unwrap());
+    good.try_acquire(&key("auth")).await.unwrap();
+}
+
+#[tokio::test]
+async fn tokens_keep_increasing_after_the_counter_retention_lapses() {
+    let server = RedisServer::start();
+    let st = store(&server)
+        .with_fence_retention(Duration::from_secs(1))
+        .unwrap();
+    let l = Locker::new(st);
+    let k = key("retention");
+    let first = l.acquire(&k).await.unwrap();
+    let t1 = first.fencing_token();
+    first.release().await.unwrap();
+    // The counter key expires after the retention ...
+    assert!(
+        eventually(Duration::from_secs(5), || server.dbsize() == 0).await,
+        "{:?}",
+        server.keys()
+    );
+    // ... and the next token is still greater.
+    let second = l.acquire(&k).await.unwrap();
+    assert!(second.fencing_token() > t1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_guards_and_futures_at_random_points_leaves_nothing_behind() {
+    let server = RedisServer::start();
+    let l = locker(&server, 1_000, 200);
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let l = l.clone();
+        let k = key(&format!("drop-{}", i % 10));
+        let cut = Duration::from_micros(rng.u64(0..3_000));
+        let hold = Duration::from_micros(rng.u64(0..3_000));
+        tasks.push(tokio::spawn(async move {
+            // Cancel the acquire future itself at a random point ...
+            if let Ok(Ok(g)) = timeout(cut, l.acquire(&k)).await {
+                // ... or drop the guard (and its clones) at a random point.
+                let clone = g.clone();
+                tokio::time::sleep(hold).await;
+                drop(g);
+                drop(clone);
+            }
+        }));
+        if i % 7 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Every lock key disappears well before any lease could expire it, and
+    // the watchdog renews nothing.
+    assert!(
+        eventually(Duration::from_millis(900), || lock_keys(&server).is_empty()).await,
+        "left behind: {:?}",
+        lock_keys(&server)
+    );
+    assert!(eventually(Duration::from_secs(1), || l.renewing() == 0).await);
+    // Background releases of cancelled attempts may still be landing; once
+    // they stop, nothing at all may follow (a renewal would, within lease/3).
+    let mut last = u64::MAX;
+    assert!(
+        eventually(Duration::from_secs(2), || {
+            let now = server.command_calls("evalsha");
+            std::mem::replace(&mut last, now) == now
+        })
+        .await
+    );
+    server.reset_stats();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        server.command_calls("evalsha"),
+        0,
+        "renewals after every guard was dropped"
+    );
+}
+
+#[tokio::test]
+async fn fenced_resource_refuses_a_stale_holder() {
+    let server = RedisServer::start();
+    let l = locker(&server, 50, 0);
+    let k = key("fenced");
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let res = FencedResource::new("balance:{acc_1}");
+
+    let old = l.acquire(&k).await.unwrap();
+    let old_token = old.fencing_token();
+    // The old holder stalls past its lease (the watchdog cannot help a
+    // process that is paused; here we simply stop renewing by forgetting).
+    server.cmd(&["DEL", "trl:{engine:fenced}:lock"]);
+    let new = l.acquire(&k).await.unwrap();
+    assert!(new.fencing_token() > old_token);
+    assert_eq!(
+        res.set(&mut conn, new.fencing_token(), "200")
+            .await
+            .unwrap(),
+        FenceOutcome::Applied
+    );
+    assert_eq!(
+        res.set(&mut conn, new.fencing_token(), "210")
+            .await
+            .unwrap(),
+        FenceOutcome::Applied,
+        "the same holder may write again"
+    );
+    assert_eq!(
+        res.set(&mut conn, old_token, "100").await.unwrap(),
+        FenceOutcome::Stale {
+            seen: new.fencing_token()
+        }
+    );
+    let (value, token) = res.get(&mut conn).await.unwrap().unwrap();
+    assert_eq!(value, b"210");
+    assert_eq!(token, new.fencing_token());
+}
