@@ -293,6 +293,11 @@ impl LockGuard {
         }
     }
 
+    /// Releases the lock in the background now, whatever other clones exist.
+    pub(crate) fn release_in_background(&self) {
+        self.shared.release_in_background();
+    }
+
     /// Releases the lock now. `Ok(true)` if we still owned it, `Ok(false)` if
     /// it had already expired, been taken over, or been released through
     /// another clone. Other clones see `is_held() == false` afterwards.
@@ -338,20 +343,27 @@ fn trace_release(l: &Lease, res: &Result<bool, Error>) {
     }
 }
 
-impl Drop for Shared {
-    fn drop(&mut self) {
+impl Shared {
+    /// Stops renewal and releases in a task of the runtime that granted the
+    /// lock; never blocks. If that runtime is gone, the lease expires on its
+    /// own.
+    fn release_in_background(&self) {
         if !self.stop_renewal() {
             return;
         }
         let lease = self.lease.clone();
         let store = self.store.clone();
-        // Never block in Drop: release in a task of the runtime that granted
-        // the lock. If that runtime is gone, the lease expires on its own.
         // (`spawn` on a handle whose runtime has shut down drops the future.)
         drop(self.runtime.spawn(async move {
             let res = store.release_dyn(&lease.key, &lease.owner).await;
             trace_release(&lease, &res);
         }));
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.release_in_background();
     }
 }
 

@@ -8,6 +8,7 @@ mod error;
 mod fence;
 mod guard;
 mod key;
+pub mod layer;
 mod locker;
 pub mod store;
 mod token;
@@ -17,6 +18,10 @@ pub use error::{BoxError, ConfigError, Error, Operation};
 pub use fence::{FenceOutcome, FencedResource};
 pub use guard::LockGuard;
 pub use key::{LockKey, MAX_NAMESPACE, MAX_VERBATIM_ID};
+pub use layer::{
+    KeyFrom, Lock, LockLayer, LockLayerBuilder, MissingLockGuard, OnLockLost, OnMissingKey,
+    OnStoreError,
+};
 pub use locker::{
     DEFAULT_LEASE, DEFAULT_POLL, DEFAULT_RENEW_BATCH, DEFAULT_WAIT, Locker, LockerBuilder,
 };

@@ -326,17 +326,12 @@ fn wait_until_reports_success_and_timeout() {
     );
 }
 
-/// Env var telling `pdeathsig_helper` to actually run.
-const HELPER_ENV: &str = "SUPPORT_SELFTEST_PDEATHSIG_HELPER";
+/// Set in the child process that `server_dies_with_a_killed_test_process`
+/// starts from its own test binary: the child starts a server, reports it and
+/// waits to be killed.
+const HELPER_ENV: &str = "SUPPORT_SELFTEST_PDEATHSIG_CHILD";
 
-/// Not a test by itself: run by `server_dies_with_a_killed_test_process` in a child
-/// process. Starts a server from a short-lived thread, reports it, and waits to be killed.
-#[test]
-#[ignore = "helper process for server_dies_with_a_killed_test_process"]
-fn pdeathsig_helper() {
-    if std::env::var_os(HELPER_ENV).is_none() {
-        return;
-    }
+fn run_as_killed_child() {
     let srv = thread::spawn(RedisServer::start).join().unwrap();
     println!("REDIS_SERVER {} {}", srv.pid().unwrap(), srv.port());
     std::io::stdout().flush().unwrap();
@@ -356,11 +351,13 @@ impl Drop for KillOnDrop {
 
 #[test]
 fn server_dies_with_a_killed_test_process() {
+    if std::env::var_os(HELPER_ENV).is_some() {
+        return run_as_killed_child();
+    }
     let helper = Command::new(std::env::current_exe().unwrap())
         .args([
-            "pdeathsig_helper",
+            "server_dies_with_a_killed_test_process",
             "--exact",
-            "--ignored",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -376,7 +373,7 @@ fn server_dies_with_a_killed_test_process() {
     let (report_tx, report_rx) = std::sync::mpsc::channel();
     thread::spawn(move || {
         for line in stdout.lines().map_while(Result::ok) {
-            // libtest prints "test pdeathsig_helper ... " on the same line first.
+            // libtest prints "test server_dies_with_... ... " on the same line first.
             if let Some((_, rest)) = line.split_once("REDIS_SERVER ") {
                 let _ = report_tx.send(rest.to_string());
                 return;

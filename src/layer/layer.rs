@@ -1,0 +1,264 @@
+//! `LockLayer` and its builder.
+
+use std::sync::Arc;
+
+use http::{HeaderName, StatusCode};
+use tower_layer::Layer;
+
+use super::key::KeyFrom;
+use super::service::Lock;
+use crate::error::ConfigError;
+use crate::key::validate_name;
+use crate::{LockStore, Locker};
+
+/// Default name of the response header that carries the fencing token.
+pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
+/// Default body limit for keys read from the body: 1 MiB.
+pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
+
+/// What to do when the lock store fails (down, frozen, auth, ACL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnStoreError {
+    /// Answer 503 with `Retry-After`; the handler does not run (default).
+    #[default]
+    FailClosed,
+    /// Run the handler without a lock (no `LockGuard`, no fencing header).
+    /// Only for work that tolerates duplicates.
+    FailOpen,
+}
+
+/// What to do when the lock is lost while the handler runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnLockLost {
+    /// Let the handler finish; it can watch [`LockGuard::lost`](crate::LockGuard::lost)
+    /// itself (default).
+    #[default]
+    KeepRunning,
+    /// Drop the handler's future at once and answer 503 with `Retry-After`,
+    /// so the sender retries.
+    Abort,
+}
+
+/// What to do with a request that has no lock key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnMissingKey {
+    /// Answer 400 (default).
+    #[default]
+    Reject,
+    /// Run the handler without a lock.
+    PassThrough,
+}
+
+/// Settings shared by every clone of the service.
+pub(crate) struct Config<St> {
+    pub(crate) locker: Locker<St>,
+    pub(crate) key: KeyFrom,
+    pub(crate) namespace: Option<String>,
+    pub(crate) contention: StatusCode,
+    pub(crate) header: HeaderName,
+    pub(crate) body_limit: usize,
+    pub(crate) on_store_error: OnStoreError,
+    pub(crate) on_lock_lost: OnLockLost,
+    pub(crate) on_missing_key: OnMissingKey,
+    pub(crate) hold_until_body_end: bool,
+}
+
+/// Takes a lock per request before the inner service runs.
+///
+/// ```
+/// use axum::{Router, routing::post};
+/// use tower_redis_lock::{KeyFrom, LockGuard, LockLayer, MemoryStore};
+///
+/// async fn capture(guard: LockGuard) -> String {
+///     format!("captured under fencing token {}", guard.fencing_token())
+/// }
+///
+/// let app: Router = Router::new()
+///     .route("/orders/{id}/capture", post(capture))
+///     .layer(LockLayer::new(MemoryStore::new(), KeyFrom::path_param("id")));
+/// ```
+///
+/// Per request: find the key (400 if missing; body keys within the body
+/// limit, 413 past it) → acquire (409 or 423 with `Retry-After` on
+/// contention, 503 when the store fails) → put the [`LockGuard`](crate::LockGuard)
+/// and [`FencingToken`](crate::FencingToken) into the request extensions →
+/// run the service → add the `Fencing-Token` header → release before the
+/// response is handed on (or when its body ends). Every refusal is an
+/// `application/problem+json` answer; `Service::Error` stays the inner
+/// service's.
+pub struct LockLayer<St> {
+    config: Arc<Config<St>>,
+}
+
+impl<St> Clone for LockLayer<St> {
+    fn clone(&self) -> Self {
+        LockLayer {
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<St> std::fmt::Debug for LockLayer<St> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = &self.config;
+        f.debug_struct("LockLayer")
+            .field("locker", &c.locker)
+            .field("key", &c.key)
+            .field("namespace", &c.namespace)
+            .field("contention", &c.contention)
+            .field("header", &c.header)
+            .field("body_limit", &c.body_limit)
+            .field("on_store_error", &c.on_store_error)
+            .field("on_lock_lost", &c.on_lock_lost)
+            .field("on_missing_key", &c.on_missing_key)
+            .field("hold_until_body_end", &c.hold_until_body_end)
+            .finish()
+    }
+}
+
+impl<St: LockStore> LockLayer<St> {
+    /// A layer with the defaults: 30 s lease, try-lock (409 at once on
+    /// contention), fail closed, keep running on loss, 400 on a missing key,
+    /// 1 MiB body limit, namespace = the matched route.
+    pub fn new(store: St, key: KeyFrom) -> Self {
+        Self::builder(Locker::new(store), key).into_layer()
+    }
+
+    /// A builder around a configured [`Locker`] (lease, wait timeout, hold
+    /// cap).
+    pub fn builder(locker: Locker<St>, key: KeyFrom) -> LockLayerBuilder<St> {
+        LockLayerBuilder {
+            config: Config {
+                locker,
+                key,
+                namespace: None,
+                contention: StatusCode::CONFLICT,
+                header: FENCING_TOKEN,
+                body_limit: DEFAULT_BODY_LIMIT,
+                on_store_error: OnStoreError::default(),
+                on_lock_lost: OnLockLost::default(),
+                on_missing_key: OnMissingKey::default(),
+                hold_until_body_end: false,
+            },
+        }
+    }
+
+    /// The locker behind the layer.
+    pub fn locker(&self) -> &Locker<St> {
+        &self.config.locker
+    }
+}
+
+impl<S, St> Layer<S> for LockLayer<St> {
+    type Service = Lock<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Lock::new(inner, self.config.clone())
+    }
+}
+
+/// Builds a [`LockLayer`]; [`build`](LockLayerBuilder::build) checks the
+/// settings.
+pub struct LockLayerBuilder<St> {
+    config: Config<St>,
+}
+
+impl<St> std::fmt::Debug for LockLayerBuilder<St> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockLayerBuilder")
+            .field("key", &self.config.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: LockStore> LockLayerBuilder<St> {
+    /// Namespace of the keys (default: the matched axum route, so two
+    /// routes never share locks by accident). Give two layers the same
+    /// namespace to make their routes exclude each other on purpose.
+    pub fn namespace(mut self, namespace: &str) -> Self {
+        self.config.namespace = Some(namespace.to_owned());
+        self
+    }
+
+    /// Status on contention: 409 Conflict (default) or 423 Locked.
+    pub fn contention_status(mut self, status: StatusCode) -> Self {
+        self.config.contention = status;
+        self
+    }
+
+    /// Name of the fencing-token response header (default
+    /// [`FENCING_TOKEN`], `fencing-token`).
+    pub fn fencing_header(mut self, name: HeaderName) -> Self {
+        self.config.header = name;
+        self
+    }
+
+    /// Largest body read to find a body key (default 1 MiB); larger bodies
+    /// get 413 without being read past the limit.
+    pub fn body_limit(mut self, limit: usize) -> Self {
+        self.config.body_limit = limit;
+        self
+    }
+
+    /// Fail closed (default) or open when the store fails.
+    pub fn on_store_error(mut self, policy: OnStoreError) -> Self {
+        self.config.on_store_error = policy;
+        self
+    }
+
+    /// Keep running (default) or abort when the lock is lost mid-request.
+    pub fn on_lock_lost(mut self, policy: OnLockLost) -> Self {
+        self.config.on_lock_lost = policy;
+        self
+    }
+
+    /// Reject (default) or pass through requests without a key.
+    pub fn on_missing_key(mut self, policy: OnMissingKey) -> Self {
+        self.config.on_missing_key = policy;
+        self
+    }
+
+    /// Keep the lock until the response body has been sent (for streaming
+    /// responses) instead of releasing it when the response head is ready.
+    pub fn hold_until_body_end(mut self, hold: bool) -> Self {
+        self.config.hold_until_body_end = hold;
+        self
+    }
+
+    /// Checks the settings.
+    pub fn build(self) -> Result<LockLayer<St>, ConfigError> {
+        let c = &self.config;
+        if c.contention != StatusCode::CONFLICT && c.contention != StatusCode::LOCKED {
+            return Err(ConfigError::new(
+                "contention_status",
+                format!("must be 409 or 423, not {}", c.contention.as_u16()),
+            ));
+        }
+        if let Some(ns) = &c.namespace {
+            validate_name(ns, false).map_err(|e| ConfigError::new("namespace", e.to_string()))?;
+        }
+        if c.body_limit == 0 {
+            return Err(ConfigError::new("body_limit", "must be at least 1 byte"));
+        }
+        if c.hold_until_body_end && c.on_lock_lost == OnLockLost::Abort {
+            return Err(ConfigError::new(
+                "on_lock_lost",
+                "Abort cannot stop a response body that is already being sent; \
+                 use KeepRunning with hold_until_body_end",
+            ));
+        }
+        if c.body_limit > 64 << 20 {
+            return Err(ConfigError::new("body_limit", "must be at most 64 MiB"));
+        }
+        Ok(self.into_layer())
+    }
+
+    fn into_layer(self) -> LockLayer<St> {
+        LockLayer {
+            config: Arc::new(self.config),
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! The HTTP layer: a lock per request, before the handler runs.
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{Router, routing::post};
+//! use tower_redis_lock::{KeyFrom, LockGuard, LockLayer, Locker, MemoryStore};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! async fn rebalance(guard: LockGuard) -> String {
+//!     format!("fencing token {}", guard.fencing_token())
+//! }
+//!
+//! let locker = Locker::builder(MemoryStore::new())
+//!     .lease(Duration::from_secs(10))
+//!     .wait_timeout(Duration::from_millis(500))
+//!     .build()?;
+//! let app: Router = Router::new()
+//!     .route("/accounts/{id}/rebalance", post(rebalance))
+//!     .layer(
+//!         LockLayer::builder(locker, KeyFrom::path_param("id"))
+//!             .namespace("accounts")
+//!             .contention_status(http::StatusCode::LOCKED)
+//!             .build()?,
+//!     );
+//! # Ok(())
+//! # }
+//! ```
+
+mod body;
+mod extract;
+mod future;
+mod key;
+#[allow(clippy::module_inception)]
+mod layer;
+mod problem;
+mod service;
+
+pub use body::ResponseBody;
+pub use extract::MissingLockGuard;
+pub use future::ResponseFuture;
+pub use key::KeyFrom;
+pub use layer::{
+    DEFAULT_BODY_LIMIT, FENCING_TOKEN, LockLayer, LockLayerBuilder, OnLockLost, OnMissingKey,
+    OnStoreError,
+};
+pub use problem::PROBLEM_JSON;
+pub use service::Lock;

@@ -1,0 +1,256 @@
+//! The `Lock` service: what happens to each request.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tower_service::Service;
+
+use super::body::ResponseBody;
+use super::future::ResponseFuture;
+use super::key::route_namespace;
+use super::layer::{Config, OnLockLost, OnMissingKey, OnStoreError};
+use super::problem::Problem;
+use crate::{BoxError, Error, LockKey, LockStore};
+
+/// Namespace used when no namespace is set and no route matched.
+const FALLBACK_NAMESPACE: &str = "http";
+
+/// The service made by [`LockLayer`](super::LockLayer).
+pub struct Lock<S, St> {
+    inner: S,
+    config: Arc<Config<St>>,
+}
+
+impl<S: Clone, St> Clone for Lock<S, St> {
+    fn clone(&self) -> Self {
+        Lock {
+            inner: self.inner.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<S: std::fmt::Debug, St> std::fmt::Debug for Lock<S, St> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock")
+            .field("inner", &self.inner)
+            .field("key", &self.config.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, St> Lock<S, St> {
+    pub(crate) fn new(inner: S, config: Arc<Config<St>>) -> Self {
+        Lock { inner, config }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, St, ReqBody, ResBody> Service<Request<ReqBody>> for Lock<S, St>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    St: LockStore,
+    ReqBody: http_body::Body + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // The clone may not be ready; use the one that is and leave the clone
+        // in its place. See https://docs.rs/tower/latest/tower/trait.Service.html#be-careful-when-cloning-inner-services
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::new(handle(self.config.clone(), inner, req))
+    }
+}
+
+fn problem<B>(p: Problem) -> Response<ResponseBody<B>> {
+    let body = p.body();
+    p.response(ResponseBody::full(body))
+}
+
+async fn run_unlocked<S, ReqBody, ResBody>(
+    mut inner: S,
+    req: Request<ReqBody>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    Ok(inner.call(req).await?.map(|b| ResponseBody::inner(b, None)))
+}
+
+async fn handle<S, St, ReqBody, ResBody>(
+    config: Arc<Config<St>>,
+    mut inner: S,
+    req: Request<ReqBody>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    St: LockStore,
+    ReqBody: http_body::Body + From<Bytes>,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes>,
+{
+    let c = &*config;
+    let (mut parts, body) = req.into_parts();
+
+    // 1. The key. Only a body key reads the body, and never past the limit.
+    let (id, body) = if c.key.needs_body() {
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > c.body_limit as u64) {
+            return Ok(reject(too_large(c.body_limit), None));
+        }
+        let bytes = match Limited::new(body, c.body_limit).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+                return Ok(reject(too_large(c.body_limit), None));
+            }
+            Err(_) => {
+                return Ok(reject(
+                    Problem::new(
+                        StatusCode::BAD_REQUEST,
+                        "the request body could not be read",
+                    ),
+                    None,
+                ));
+            }
+        };
+        match c.key.id_in_json(&bytes) {
+            Ok(id) => (id, ReqBody::from(bytes)),
+            Err(e) => {
+                return Ok(reject(
+                    Problem::new(
+                        StatusCode::BAD_REQUEST,
+                        format!("the request body is not valid JSON: {e}"),
+                    ),
+                    None,
+                ));
+            }
+        }
+    } else {
+        (c.key.id_in_head(&mut parts).await, body)
+    };
+    let mut req = Request::from_parts(parts, body);
+    let Some(id) = id else {
+        return match c.on_missing_key {
+            OnMissingKey::PassThrough => run_unlocked(inner, req).await,
+            OnMissingKey::Reject => Ok(reject(
+                Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("the request has no lock key: expected {}", c.key.describe()),
+                ),
+                None,
+            )),
+        };
+    };
+    let namespace = match &c.namespace {
+        Some(ns) => ns.clone(),
+        None => route_namespace(req.extensions()).unwrap_or_else(|| FALLBACK_NAMESPACE.to_owned()),
+    };
+    let key = match LockKey::new(&namespace, id.as_bytes()) {
+        Ok(key) => key,
+        Err(e) => return Ok(reject(Problem::from_error(&e, c.contention), None)),
+    };
+
+    // 2. The lock.
+    let guard = match c.locker.acquire(&key).await {
+        Ok(guard) => guard,
+        Err(e) if e.is_store_failure() && c.on_store_error == OnStoreError::FailOpen => {
+            tracing::warn!(key = %key, error = %e, "lock store failed; running unlocked (fail-open)");
+            return run_unlocked(inner, req).await;
+        }
+        Err(e) => {
+            if e.is_store_failure() {
+                tracing::error!(key = %key, error = %e, "lock store failed; answering 503");
+            }
+            return Ok(reject(Problem::from_error(&e, c.contention), Some(&key)));
+        }
+    };
+    let token = guard.fencing_token();
+    req.extensions_mut().insert(guard.clone());
+    req.extensions_mut().insert(token);
+
+    // 3. The service, under the lock.
+    let fut = inner.call(req);
+    let res = match c.on_lock_lost {
+        OnLockLost::KeepRunning => fut.await,
+        OnLockLost::Abort => {
+            tokio::select! {
+                res = fut => res,
+                _ = guard.lost() => {
+                    let lost = Error::LockLost { key: key.clone() };
+                    tracing::warn!(key = %key, fencing_token = token.get(), "lock lost; handler aborted");
+                    let _ = guard.release().await;
+                    return Ok(problem(Problem::from_error(&lost, c.contention)));
+                }
+            }
+        }
+    };
+    let mut res = match res {
+        Ok(res) => res,
+        Err(e) => {
+            let _ = guard.release().await;
+            return Err(e);
+        }
+    };
+    res.headers_mut()
+        .insert(c.header.clone(), HeaderValue::from(token.get()));
+
+    // 4. Release before the response leaves (so a client that got an answer
+    // finds the lock free), or when the body ends.
+    if c.hold_until_body_end {
+        Ok(res.map(|b| ResponseBody::inner(b, Some(guard))))
+    } else {
+        let _ = guard.release().await;
+        Ok(res.map(|b| ResponseBody::inner(b, None)))
+    }
+}
+
+fn too_large(limit: usize) -> Problem {
+    Problem::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("the request body is larger than the {limit} bytes read to find its lock key"),
+    )
+}
+
+fn reject<B>(p: Problem, key: Option<&LockKey>) -> Response<ResponseBody<B>> {
+    let p = if key.is_some() { p.key(key) } else { p };
+    tracing::info!(
+        status = p.status.as_u16(),
+        key = p.key.as_deref().unwrap_or("-"),
+        detail = %p.detail,
+        "request refused by the lock layer"
+    );
+    problem(p)
+}
