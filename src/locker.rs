@@ -248,9 +248,11 @@ impl<S: LockStore> Locker<S> {
             attempts += 1;
             let attempt_start = Instant::now();
             let pending = PendingAttempt::new(store, key, &owner);
-            let outcome = store.acquire(key, &owner, o.lease).await;
+            // On an error (timeout, connection lost) the grant may still
+            // have happened: `pending` releases it in the background.
+            let outcome = store.acquire(key, &owner, o.lease).await?;
             pending.disarm();
-            let remaining = match outcome? {
+            let remaining = match outcome {
                 AcquireOutcome::Granted(token) => {
                     let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
                     let lease = Arc::new(Lease::new(
@@ -339,6 +341,8 @@ impl<S: LockStore> Locker<S> {
                 self.inner.store.clone(),
                 rx,
                 self.inner.opts.batch,
+                // Renewals due within lease/12 of each other share a batch.
+                self.inner.opts.lease / 12,
                 self.inner.renewing.clone(),
             ));
             (tx, tokio::runtime::Handle::current())

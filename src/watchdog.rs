@@ -38,6 +38,8 @@ struct Entry {
     next_renew: Instant,
     queued: Instant,
     in_flight: bool,
+    /// The hold cap is reached: no more renewals.
+    capped: bool,
 }
 
 type BatchResult = (
@@ -50,6 +52,7 @@ pub(crate) async fn run<S: LockStore>(
     store: Arc<S>,
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
     batch_size: usize,
+    window: Duration,
     renewing: Arc<AtomicUsize>,
 ) {
     let mut entries: HashMap<u64, Entry> = HashMap::new();
@@ -65,7 +68,7 @@ pub(crate) async fn run<S: LockStore>(
                     let next_renew = lease.acquired_at + lease.lease / 3;
                     let id = lease.id;
                     queue.insert((next_renew, id));
-                    entries.insert(id, Entry { lease, next_renew, queued: next_renew, in_flight: false });
+                    entries.insert(id, Entry { lease, next_renew, queued: next_renew, in_flight: false, capped: false });
                 }
                 Some(Cmd::Remove(id)) => {
                     if let Some(e) = entries.remove(&id) {
@@ -113,50 +116,46 @@ pub(crate) async fn run<S: LockStore>(
             _ = sleep_until(next_wake) => {}
         }
 
-        // Whatever woke us, handle everything that is due.
+        // Whatever woke us, handle everything that is due. Renewals due
+        // within the coalescing window go out now, together; a deadline
+        // counts only once it has passed. Entries waiting for their deadline
+        // stay queued untouched, so this loop is finite and the next sleep
+        // is always in the future.
         let now = Instant::now();
         let mut due: Vec<(u64, Duration)> = Vec::new();
-        while let Some(&(at, id)) = queue.first() {
-            let window = entries
-                .get(&id)
-                .map_or(Duration::ZERO, |e| e.lease.lease / 12);
-            if at > now + window {
-                break;
-            }
-            queue.pop_first();
+        let candidates: Vec<(Instant, u64)> =
+            queue.range(..=(now + window, u64::MAX)).copied().collect();
+        for (at, id) in candidates {
             let Some(e) = entries.get_mut(&id) else {
+                queue.remove(&(at, id));
                 continue;
             };
-            if !e.lease.is_active() {
+            if !e.lease.is_active() || now >= e.lease.valid_until() {
+                if e.lease.is_active() {
+                    e.lease.mark_lost(LossReason::Expired);
+                }
+                queue.remove(&(at, id));
                 entries.remove(&id);
                 continue;
             }
-            if now >= e.lease.valid_until() {
-                e.lease.mark_lost(LossReason::Expired);
-                entries.remove(&id);
-                continue;
-            }
-            if e.in_flight {
-                // Woken for the deadline, which is not there yet (a renewal
-                // is still in flight): look again at the deadline.
-                e.queued = e.lease.valid_until();
-                queue.insert((e.queued, id));
+            if e.in_flight || e.capped {
+                // Waiting for a reply or for the deadline.
                 continue;
             }
             let lease = match e.lease.hold_deadline {
                 Some(cap) => e.lease.lease.min(cap.saturating_duration_since(now)),
                 None => e.lease.lease,
             };
+            queue.remove(&(at, id));
+            e.queued = e.lease.valid_until();
+            queue.insert((e.queued, id));
             if lease < e.lease.drift * 2 {
                 // The hold cap is reached: stop renewing and let the lease
                 // run out; it is reported lost at its deadline.
-                e.queued = e.lease.valid_until();
-                queue.insert((e.queued, id));
+                e.capped = true;
                 continue;
             }
             e.in_flight = true;
-            e.queued = e.lease.valid_until();
-            queue.insert((e.queued, id));
             due.push((id, lease));
         }
         renewing.store(entries.len(), Ordering::Relaxed);

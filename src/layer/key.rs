@@ -142,7 +142,8 @@ impl KeyFrom {
 /// two routes under one layer never share locks by accident.
 pub(crate) fn route_namespace(extensions: &http::Extensions) -> Option<String> {
     let route = extensions.get::<MatchedPath>()?.as_str();
-    let mut ns: String = route
+    let route_trimmed = route.trim_start_matches('/');
+    let mut ns: String = route_trimmed
         .bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'/') {
@@ -152,6 +153,9 @@ pub(crate) fn route_namespace(extensions: &http::Extensions) -> Option<String> {
             }
         })
         .collect();
+    if ns.is_empty() {
+        ns.push('_');
+    }
     if ns.len() > crate::MAX_NAMESPACE {
         use sha2::Digest;
         let digest = sha2::Sha256::digest(route.as_bytes());

@@ -1,0 +1,154 @@
+//! Watchdog timing logic on a paused tokio clock (the memory store runs on
+//! tokio time, so hours pass in microseconds and nothing depends on load).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower_redis_lock::{
+    AcquireOutcome, Error, LockKey, LockStore, Locker, MemoryStore, OwnerToken, ReleaseWatch,
+    Renewal,
+};
+
+/// The memory store, with a switch that makes renewals hang (a frozen
+/// server, as seen from the watchdog) and a count of renewal batches.
+#[derive(Clone, Default)]
+struct Stalling {
+    inner: MemoryStore,
+    stall: Arc<AtomicBool>,
+    batches: Arc<AtomicU32>,
+    acquires: Arc<AtomicU32>,
+}
+
+impl LockStore for Stalling {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        self.acquires.fetch_add(1, Ordering::SeqCst);
+        self.inner.acquire(key, owner, lease).await
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        self.inner.extend(key, owner, lease).await
+    }
+
+    async fn extend_many(&self, renewals: &[Renewal]) -> Result<Vec<bool>, Error> {
+        self.batches.fetch_add(1, Ordering::SeqCst);
+        if self.stall.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        let mut out = Vec::new();
+        for r in renewals {
+            out.push(self.inner.extend(&r.key, &r.owner, r.lease).await?);
+        }
+        Ok(out)
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
+        self.inner.release(key, owner).await
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {
+        self.inner.subscribe(key).await
+    }
+}
+
+fn key(id: &str) -> LockKey {
+    LockKey::new("paused", id).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewals_happen_every_third_of_the_lease_in_shared_batches() {
+    let store = Stalling::default();
+    let locker = Locker::builder(store.clone())
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let guards: Vec<_> = futures_util::future::join_all((0..100).map(|i| {
+        let l = locker.clone();
+        async move { l.acquire(&key(&format!("k{i}"))).await.unwrap() }
+    }))
+    .await;
+    // Ten minutes: 20 lease lengths.
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert!(guards.iter().all(|g| g.is_held()));
+    // One batch per 10 s tick for all 100 leases (at most one extra at the edge).
+    let batches = store.batches.load(Ordering::SeqCst);
+    assert!((59..=61).contains(&batches), "{batches} batches");
+    assert_eq!(locker.renewing(), 100);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_renewal_flips_the_guard_to_lost_at_the_deadline() {
+    let store = Stalling::default();
+    let locker = Locker::builder(store.clone())
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let g = locker.acquire(&key("stall")).await.unwrap();
+    let start = Instant::now();
+    store.stall.store(true, Ordering::SeqCst);
+    g.lost().await;
+    let at = start.elapsed();
+    // valid until lease − (lease/100 + 2 ms) after the grant.
+    assert_eq!(at, Duration::from_millis(30_000 - 302));
+    assert!(!g.is_held());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_hold_cap_stops_renewals_without_spinning() {
+    let store = Stalling::default();
+    let locker = Locker::builder(store.clone())
+        .lease(Duration::from_secs(30))
+        .max_hold(Duration::from_secs(100))
+        .build()
+        .unwrap();
+    let g = locker.acquire(&key("cap")).await.unwrap();
+    let start = Instant::now();
+    g.lost().await;
+    let at = start.elapsed();
+    assert!(
+        at >= Duration::from_secs(99) && at <= Duration::from_secs(100),
+        "lost after {at:?}"
+    );
+    // No lease can outlive the cap in the store either.
+    let other = OwnerToken::generate();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(matches!(
+        store
+            .acquire(&key("cap"), &other, Duration::from_secs(1))
+            .await
+            .unwrap(),
+        AcquireOutcome::Granted(_)
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_polls_no_more_often_than_the_poll_interval() {
+    let store = Stalling::default();
+    let locker = Locker::builder(store.clone())
+        .lease(Duration::from_secs(30))
+        .wait_timeout(Duration::from_secs(3))
+        .poll_interval(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let _held = locker.acquire(&key("poll")).await.unwrap();
+    let start = Instant::now();
+    let before = store.acquires.load(Ordering::SeqCst);
+    let err = locker.acquire(&key("poll")).await.unwrap_err();
+    assert!(matches!(err, Error::WaitTimeout { .. }), "{err:?}");
+    assert_eq!(start.elapsed(), Duration::from_secs(3));
+    // A try, a retry after subscribing, then one try per jittered nap of
+    // 250..=500 ms over 3 s, plus the last one at the deadline.
+    let attempts = store.acquires.load(Ordering::SeqCst) - before;
+    assert!((2 + 6..=2 + 13).contains(&attempts), "{attempts} attempts");
+}
