@@ -19,7 +19,8 @@
 //!
 //! After criterion, a separate loop times 20,000 cycles per case one by one
 //! (interleaved in rounds) and prints p50/p99 per cycle and the locker/raw
-//! ratio, which criterion (means only) does not give.
+//! ratio, which criterion (means only) does not give, and the server-side
+//! time per command from `INFO commandstats` over that loop.
 //!
 //! Run with `cargo bench --bench engine`.
 
@@ -248,6 +249,33 @@ fn print_summary(timings: &[Timings]) {
     );
 }
 
+/// `usec_per_call` and `calls` of each command from `INFO commandstats`.
+fn print_server_time(server: &RedisServer) {
+    let info = server
+        .cmd(&["INFO", "commandstats"])
+        .as_string()
+        .unwrap_or_default();
+    println!("redis-server time per command over that loop (INFO commandstats):");
+    for name in ["set", "del", "evalsha"] {
+        let fields = info
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(&format!("cmdstat_{name}:")))
+            .unwrap_or("");
+        let field = |f: &str| {
+            fields
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('='))
+                .unwrap_or("-")
+                .to_owned()
+        };
+        println!(
+            "  {name:<8} calls={:<8} usec_per_call={}",
+            field("calls"),
+            field("usec_per_call")
+        );
+    }
+}
+
 fn main() {
     let server = RedisServer::start();
     let rt = runtime();
@@ -260,10 +288,13 @@ fn main() {
     criterion_cases(&mut c, &rt, &cases);
     c.final_summary();
 
-    // `cargo test --benches` runs each benchmark once as a smoke test; the
-    // summary is for real runs only.
-    if std::env::args().any(|a| a == "--bench") {
+    // `cargo test --benches` runs each benchmark once as a smoke test, and
+    // `--profile-time` is for profilers: the summary is for real runs only.
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--profile-time") {
+        server.reset_stats();
         print_summary(&percentiles(&rt, &cases));
+        print_server_time(&server);
     }
     drop(cases);
     drop(rt);

@@ -87,6 +87,14 @@ pub enum Error {
         /// The client's error.
         source: BoxError,
     },
+    /// A completed record could not be used (stored by an incompatible
+    /// version, or corrupted).
+    Record {
+        /// The lock.
+        key: LockKey,
+        /// Why.
+        reason: &'static str,
+    },
     /// A key could not be built from the given namespace or id.
     InvalidKey {
         /// Why.
@@ -102,7 +110,8 @@ impl Error {
         match self {
             Error::Contended { key, .. }
             | Error::WaitTimeout { key, .. }
-            | Error::LockLost { key } => Some(key),
+            | Error::LockLost { key }
+            | Error::Record { key, .. } => Some(key),
             Error::Unavailable { key, .. } | Error::Auth { key, .. } => key.as_ref(),
             Error::InvalidKey { .. } | Error::Config(_) => None,
         }
@@ -180,6 +189,9 @@ impl fmt::Display for Error {
                 Some(key) => write!(f, "lock store refused {op} of `{key}` (auth or ACL)"),
                 None => write!(f, "lock store refused {op} (auth or ACL)"),
             },
+            Error::Record { key, reason } => {
+                write!(f, "the completed record of `{key}` is unusable: {reason}")
+            }
             Error::InvalidKey { reason } => write!(f, "invalid lock key: {reason}"),
             Error::Config(e) => fmt::Display::fmt(e, f),
         }

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::LockStore;
 use crate::watchdog::Cmd;
-use crate::{Error, FencingToken, LockKey, OwnerToken};
+use crate::{Error, FencingToken, LockKey, OwnerToken, Record};
 
 const HELD: u8 = 0;
 const LOST: u8 = 1;
@@ -128,6 +129,14 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         owner: &'a OwnerToken,
         lease: Duration,
     ) -> Pin<Box<dyn Future<Output = Result<bool, Error>> + Send + 'a>>;
+
+    fn finish_dyn<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        record: Bytes,
+        retention: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<bool, Error>> + Send + 'a>>;
 }
 
 impl<S: LockStore> DynStore for S {
@@ -146,6 +155,16 @@ impl<S: LockStore> DynStore for S {
         lease: Duration,
     ) -> Pin<Box<dyn Future<Output = Result<bool, Error>> + Send + 'a>> {
         Box::pin(self.extend(key, owner, lease))
+    }
+
+    fn finish_dyn<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        record: Bytes,
+        retention: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<bool, Error>> + Send + 'a>> {
+        Box::pin(self.finish(key, owner, record, retention))
     }
 }
 
@@ -291,6 +310,40 @@ impl LockGuard {
             l.mark_lost(crate::guard::LossReason::NotOwner);
             Err(Error::LockLost { key: l.key.clone() })
         }
+    }
+
+    /// Stores `record` as the key's completed outcome for `retention` and
+    /// releases the lock, in one atomic owner-checked step: duplicates from
+    /// now on get the record from
+    /// [`Locker::acquire_or_replay`](crate::Locker::acquire_or_replay).
+    /// `Ok(false)` (nothing stored) if we no longer owned the lock.
+    pub async fn finish(self, record: &Record, retention: Duration) -> Result<bool, Error> {
+        let s = &self.shared;
+        if !s.stop_renewal() {
+            return Ok(false);
+        }
+        let l = &s.lease;
+        let res = s
+            .store
+            .finish_dyn(&l.key, &l.owner, record.encode(), retention)
+            .await;
+        match &res {
+            Ok(stored) => tracing::debug!(
+                key = %l.key,
+                fencing_token = l.token.get(),
+                stored,
+                status = record.status.as_u16(),
+                "lock finished with a completed record"
+            ),
+            Err(e) => {
+                tracing::warn!(key = %l.key, error = %e, "storing the completed record failed")
+            }
+        }
+        if !matches!(res, Ok(true)) {
+            // Not stored: make sure the lock does not linger either.
+            let _ = s.store.release_dyn(&l.key, &l.owner).await;
+        }
+        res
     }
 
     /// Releases the lock in the background now, whatever other clones exist.

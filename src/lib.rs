@@ -10,6 +10,7 @@ mod guard;
 mod key;
 pub mod layer;
 mod locker;
+mod record;
 pub mod store;
 mod token;
 mod watchdog;
@@ -19,12 +20,13 @@ pub use fence::{FenceOutcome, FencedResource};
 pub use guard::LockGuard;
 pub use key::{LockKey, MAX_NAMESPACE, MAX_VERBATIM_ID};
 pub use layer::{
-    KeyFrom, Lock, LockLayer, LockLayerBuilder, MissingLockGuard, OnLockLost, OnMissingKey,
-    OnStoreError,
+    Fingerprint, Idempotency, KeyFrom, Lock, LockLayer, LockLayerBuilder, MissingLockGuard,
+    OnLockLost, OnMissingKey, OnStoreError,
 };
 pub use locker::{
-    DEFAULT_LEASE, DEFAULT_POLL, DEFAULT_RENEW_BATCH, DEFAULT_WAIT, Locker, LockerBuilder,
+    Acquired, DEFAULT_LEASE, DEFAULT_POLL, DEFAULT_RENEW_BATCH, DEFAULT_WAIT, Locker, LockerBuilder,
 };
+pub use record::Record;
 pub use store::{
     AcquireOutcome, LockStore, ReleaseWatch, Renewal, memory::MemoryStore, redis::RedisStore,
 };

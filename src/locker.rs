@@ -11,7 +11,16 @@ use crate::error::ConfigError;
 use crate::guard::{DynStore, Lease, LockGuard};
 use crate::store::{AcquireOutcome, LockStore, ReleaseWatch};
 use crate::watchdog::{self, Cmd};
-use crate::{Error, LockKey, OwnerToken};
+use crate::{Error, LockKey, OwnerToken, Record};
+
+/// What [`Locker::acquire_or_replay`] found.
+#[derive(Debug)]
+pub enum Acquired {
+    /// The lock is ours: do the work, then [`LockGuard::finish`] or release.
+    Locked(LockGuard),
+    /// The work was done before: replay this outcome.
+    Completed(Record),
+}
 
 /// Default lease: 30 s, renewed every 10 s while held.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -236,6 +245,32 @@ impl<S: LockStore> Locker<S> {
     /// Dropping the future at any point is safe: an attempt whose answer was
     /// not received is released in the background (owner-checked).
     pub async fn acquire_within(&self, key: &LockKey, wait: Duration) -> Result<LockGuard, Error> {
+        match self.take(key, wait, false).await? {
+            Acquired::Locked(guard) => Ok(guard),
+            Acquired::Completed(_) => Err(Error::Record {
+                key: key.clone(),
+                reason: "the store answered a plain acquire with a completed record",
+            }),
+        }
+    }
+
+    /// Takes the lock unless the key's work is already done: then answers
+    /// its completed [`Record`] (stored by [`LockGuard::finish`]) without
+    /// locking. Waits up to `wait` like
+    /// [`acquire_within`](Locker::acquire_within), so a duplicate that
+    /// arrives while the first is running can wait for its record.
+    ///
+    /// With the Redis store this is one round trip when the key is free or
+    /// completed.
+    pub async fn acquire_or_replay(
+        &self,
+        key: &LockKey,
+        wait: Duration,
+    ) -> Result<Acquired, Error> {
+        self.take(key, wait, true).await
+    }
+
+    async fn take(&self, key: &LockKey, wait: Duration, replay: bool) -> Result<Acquired, Error> {
         let (watchdog, runtime) = self.watchdog();
         let o = &self.inner.opts;
         let store = &self.inner.store;
@@ -250,7 +285,11 @@ impl<S: LockStore> Locker<S> {
             let pending = PendingAttempt::new(store, key, &owner);
             // On an error (timeout, connection lost) the grant may still
             // have happened: `pending` releases it in the background.
-            let outcome = store.acquire(key, &owner, o.lease).await?;
+            let outcome = if replay {
+                store.acquire_or_replay(key, &owner, o.lease).await?
+            } else {
+                store.acquire(key, &owner, o.lease).await?
+            };
             pending.disarm();
             let remaining = match outcome {
                 AcquireOutcome::Granted(token) => {
@@ -275,14 +314,23 @@ impl<S: LockStore> Locker<S> {
                         "lock acquired"
                     );
                     let dyn_store: Arc<dyn DynStore> = store.clone();
-                    return Ok(LockGuard::new(
+                    return Ok(Acquired::Locked(LockGuard::new(
                         lease,
                         dyn_store,
                         watchdog.clone(),
                         runtime.clone(),
-                    ));
+                    )));
                 }
                 AcquireOutcome::Held { remaining } => remaining,
+                AcquireOutcome::Completed(raw) => {
+                    return match Record::decode(raw) {
+                        Some(record) => Ok(Acquired::Completed(record)),
+                        None => Err(Error::Record {
+                            key: key.clone(),
+                            reason: "the stored record is not in a format this version reads",
+                        }),
+                    };
+                }
             };
             let now = Instant::now();
             if now >= deadline {

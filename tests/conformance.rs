@@ -337,6 +337,150 @@ macro_rules! conformance {
                 assert!(g.clone().release().await.unwrap());
                 assert!(matches!(g.extend().await, Err(Error::LockLost { .. })));
             }
+
+            #[tokio::test]
+            async fn finish_stores_the_record_and_releases_in_one_step() {
+                let (store, _keep) = $fixture();
+                let (a, b) = (OwnerToken::generate(), OwnerToken::generate());
+                let k = key("finish");
+                let lease = Duration::from_secs(10);
+                assert!(matches!(
+                    store.acquire_or_replay(&k, &a, lease).await.unwrap(),
+                    AcquireOutcome::Granted(_)
+                ));
+                assert!(matches!(
+                    store.acquire_or_replay(&k, &b, lease).await.unwrap(),
+                    AcquireOutcome::Held { .. }
+                ));
+                assert_eq!(store.read_record(&k).await.unwrap(), None);
+                let rec = bytes::Bytes::from_static(b"outcome\0\xff");
+                assert!(
+                    !store
+                        .finish(&k, &b, rec.clone(), Duration::from_secs(60))
+                        .await
+                        .unwrap(),
+                    "non-owner stored"
+                );
+                assert_eq!(store.read_record(&k).await.unwrap(), None);
+                assert!(
+                    store
+                        .finish(&k, &a, rec.clone(), Duration::from_secs(60))
+                        .await
+                        .unwrap()
+                );
+                assert_eq!(store.read_record(&k).await.unwrap(), Some(rec.clone()));
+                // The record answers duplicates; the lock itself is free.
+                assert_eq!(
+                    store.acquire_or_replay(&k, &b, lease).await.unwrap(),
+                    AcquireOutcome::Completed(rec)
+                );
+                assert!(matches!(
+                    store.acquire(&k, &b, lease).await.unwrap(),
+                    AcquireOutcome::Granted(_)
+                ));
+            }
+
+            #[tokio::test]
+            async fn a_holder_that_lost_its_lock_cannot_store_a_record() {
+                let (store, _keep) = $fixture();
+                let (old, new) = (OwnerToken::generate(), OwnerToken::generate());
+                let k = key("finish-stale");
+                store
+                    .acquire_or_replay(&k, &old, Duration::from_millis(30))
+                    .await
+                    .unwrap();
+                assert!(
+                    eventually(Duration::from_secs(5), async || matches!(
+                        store
+                            .acquire_or_replay(&k, &new, Duration::from_secs(10))
+                            .await,
+                        Ok(AcquireOutcome::Granted(_))
+                    ))
+                    .await
+                );
+                let rec = bytes::Bytes::from_static(b"stale");
+                assert!(
+                    !store
+                        .finish(&k, &old, rec, Duration::from_secs(60))
+                        .await
+                        .unwrap()
+                );
+                assert_eq!(store.read_record(&k).await.unwrap(), None);
+                assert!(
+                    matches!(
+                        store
+                            .acquire(&k, &old, Duration::from_secs(1))
+                            .await
+                            .unwrap(),
+                        AcquireOutcome::Held { .. }
+                    ),
+                    "the new holder's lock survived"
+                );
+            }
+
+            #[tokio::test]
+            async fn records_expire_after_their_retention() {
+                let (store, _keep) = $fixture();
+                let a = OwnerToken::generate();
+                let k = key("record-expiry");
+                store
+                    .acquire_or_replay(&k, &a, Duration::from_secs(10))
+                    .await
+                    .unwrap();
+                assert!(
+                    store
+                        .finish(
+                            &k,
+                            &a,
+                            bytes::Bytes::from_static(b"r"),
+                            Duration::from_millis(50)
+                        )
+                        .await
+                        .unwrap()
+                );
+                assert!(
+                    eventually(Duration::from_secs(5), async || matches!(
+                        store
+                            .acquire_or_replay(&k, &OwnerToken::generate(), Duration::from_secs(1))
+                            .await,
+                        Ok(AcquireOutcome::Granted(_))
+                    ))
+                    .await
+                );
+            }
+
+            #[tokio::test]
+            async fn a_waiting_duplicate_gets_the_record_when_the_holder_finishes() {
+                let (store, _keep) = $fixture();
+                let l = locker(store, 10_000, 10_000);
+                let k = key("wait-replay");
+                let tower_redis_lock::Acquired::Locked(first) =
+                    l.acquire_or_replay(&k, Duration::ZERO).await.unwrap()
+                else {
+                    panic!("first request must lock");
+                };
+                let waiter = {
+                    let (l, k) = (l.clone(), k.clone());
+                    tokio::spawn(
+                        async move { l.acquire_or_replay(&k, Duration::from_secs(10)).await },
+                    )
+                };
+                let mut rec = tower_redis_lock::Record::new(http::StatusCode::CREATED);
+                rec.body = bytes::Bytes::from_static(b"done");
+                // Whether the waiter is already waiting or only starts after
+                // the finish, it must get the record.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                assert!(first.finish(&rec, Duration::from_secs(60)).await.unwrap());
+                match tokio::time::timeout(Duration::from_secs(5), waiter)
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .unwrap()
+                {
+                    tower_redis_lock::Acquired::Completed(got) => assert_eq!(got, rec),
+                    other => panic!("{other:?}"),
+                }
+            }
         }
     };
 }

@@ -57,6 +57,20 @@ impl LockStore for Stalling {
         self.inner.release(key, owner).await
     }
 
+    async fn finish(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        record: bytes::Bytes,
+        retention: Duration,
+    ) -> Result<bool, Error> {
+        self.inner.finish(key, owner, record, retention).await
+    }
+
+    async fn read_record(&self, key: &LockKey) -> Result<Option<bytes::Bytes>, Error> {
+        self.inner.read_record(key).await
+    }
+
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {
         self.inner.subscribe(key).await
     }

@@ -28,6 +28,8 @@ pin_project! {
     enum Kind<B> {
         Inner { #[pin] body: B },
         Full { data: Option<Bytes> },
+        // What was read while trying to store it, then the rest.
+        Chained { prefix: Option<Bytes>, body: Pin<Box<B>> },
     }
 }
 
@@ -45,6 +47,16 @@ impl<B> ResponseBody<B> {
         ResponseBody {
             kind: Kind::Inner { body },
             hold: hold.map(HeldUntilEnd),
+        }
+    }
+
+    pub(crate) fn chained(prefix: Bytes, body: Pin<Box<B>>) -> Self {
+        ResponseBody {
+            kind: Kind::Chained {
+                prefix: Some(prefix),
+                body,
+            },
+            hold: None,
         }
     }
 
@@ -76,6 +88,10 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
         let polled = match this.kind.project() {
             KindProj::Inner { body } => body.poll_frame(cx),
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Chained { prefix, body } => match prefix.take() {
+                Some(d) => Poll::Ready(Some(Ok(Frame::data(d)))),
+                None => body.as_mut().poll_frame(cx),
+            },
         };
         if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
             this.hold.take();
@@ -87,6 +103,7 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
             Kind::Full { data } => data.is_none(),
+            Kind::Chained { prefix, body } => prefix.is_none() && body.is_end_stream(),
         }
     }
 
@@ -95,6 +112,16 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
             Kind::Inner { body } => body.size_hint(),
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            Kind::Chained { prefix, body } => {
+                let extra = prefix.as_ref().map_or(0, |d| d.len() as u64);
+                let inner = body.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(inner.lower() + extra);
+                if let Some(upper) = inner.upper() {
+                    hint.set_upper(upper + extra);
+                }
+                hint
             }
         }
     }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use http::{HeaderName, StatusCode};
 use tower_layer::Layer;
 
+use super::idempotency::Idempotency;
 use super::key::KeyFrom;
 use super::service::Lock;
 use crate::error::ConfigError;
@@ -64,6 +65,7 @@ pub(crate) struct Config<St> {
     pub(crate) on_lock_lost: OnLockLost,
     pub(crate) on_missing_key: OnMissingKey,
     pub(crate) hold_until_body_end: bool,
+    pub(crate) idempotency: Option<Idempotency>,
 }
 
 /// Takes a lock per request before the inner service runs.
@@ -115,6 +117,7 @@ impl<St> std::fmt::Debug for LockLayer<St> {
             .field("on_lock_lost", &c.on_lock_lost)
             .field("on_missing_key", &c.on_missing_key)
             .field("hold_until_body_end", &c.hold_until_body_end)
+            .field("idempotency", &c.idempotency)
             .finish()
     }
 }
@@ -142,6 +145,7 @@ impl<St: LockStore> LockLayer<St> {
                 on_lock_lost: OnLockLost::default(),
                 on_missing_key: OnMissingKey::default(),
                 hold_until_body_end: false,
+                idempotency: None,
             },
         }
     }
@@ -228,9 +232,29 @@ impl<St: LockStore> LockLayerBuilder<St> {
         self
     }
 
+    /// Turns on idempotent processing: a completed request's response is
+    /// stored with the release, and duplicates get it replayed (see
+    /// [`Idempotency`]). A duplicate that arrives while the first is running
+    /// gets 409 — or, with a locker wait timeout, waits for the record (for
+    /// senders such as GitHub that do not retry by themselves).
+    pub fn idempotent(mut self, idempotency: Idempotency) -> Self {
+        self.config.idempotency = Some(idempotency);
+        self
+    }
+
     /// Checks the settings.
     pub fn build(self) -> Result<LockLayer<St>, ConfigError> {
         let c = &self.config;
+        if let Some(idem) = &c.idempotency {
+            idem.check()?;
+            if c.hold_until_body_end {
+                return Err(ConfigError::new(
+                    "hold_until_body_end",
+                    "an idempotent layer reads the whole response to store it; \
+                     it cannot also stream it under the lock",
+                ));
+            }
+        }
         if c.contention != StatusCode::CONFLICT && c.contention != StatusCode::LOCKED {
             return Err(ConfigError::new(
                 "contention_status",

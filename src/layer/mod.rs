@@ -29,6 +29,7 @@
 mod body;
 mod extract;
 mod future;
+mod idempotency;
 mod key;
 #[allow(clippy::module_inception)]
 mod layer;
@@ -38,6 +39,9 @@ mod service;
 pub use body::ResponseBody;
 pub use extract::MissingLockGuard;
 pub use future::ResponseFuture;
+pub use idempotency::{
+    DEFAULT_MAX_STORED_BODY, DEFAULT_RETENTION, Fingerprint, IDEMPOTENT_REPLAYED, Idempotency,
+};
 pub use key::KeyFrom;
 pub use layer::{
     DEFAULT_BODY_LIMIT, FENCING_TOKEN, LockLayer, LockLayerBuilder, OnLockLost, OnMissingKey,

@@ -104,7 +104,7 @@ impl Error {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Error::InvalidKey { .. } => StatusCode::BAD_REQUEST,
-            Error::Config(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Error::Config(_) | Error::Record { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }

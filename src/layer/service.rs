@@ -3,17 +3,19 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use sha2::{Digest, Sha256};
 use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::future::ResponseFuture;
+use super::idempotency::{Fingerprint, IDEMPOTENT_REPLAYED, Idempotency};
 use super::key::route_namespace;
 use super::layer::{Config, OnLockLost, OnMissingKey, OnStoreError};
 use super::problem::Problem;
-use crate::{BoxError, Error, LockKey, LockStore};
+use crate::{Acquired, BoxError, Error, LockGuard, LockKey, LockStore, Record};
 
 /// Namespace used when no namespace is set and no route matched.
 const FALLBACK_NAMESPACE: &str = "http";
@@ -121,45 +123,37 @@ where
     let c = &*config;
     let (mut parts, body) = req.into_parts();
 
-    // 1. The key. Only a body key reads the body, and never past the limit.
-    let (id, body) = if c.key.needs_body() {
-        let declared = parts
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > c.body_limit as u64) {
-            return Ok(reject(too_large(c.body_limit), None));
-        }
-        let bytes = match Limited::new(body, c.body_limit).collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-                return Ok(reject(too_large(c.body_limit), None));
-            }
-            Err(_) => {
-                return Ok(reject(
-                    Problem::new(
-                        StatusCode::BAD_REQUEST,
-                        "the request body could not be read",
-                    ),
-                    None,
-                ));
-            }
+    // 1. The key (and the fingerprint). The body is read only when the key
+    // or the fingerprint needs it, and never past the limit.
+    let fingerprint_body = c
+        .idempotency
+        .as_ref()
+        .is_some_and(|i| i.fingerprint == Fingerprint::Body);
+    let (id, body, fingerprint) = if c.key.needs_body() || fingerprint_body {
+        let bytes = match read_body(&parts, body, c.body_limit).await {
+            Ok(bytes) => bytes,
+            Err(p) => return Ok(reject(p, None)),
         };
-        match c.key.id_in_json(&bytes) {
-            Ok(id) => (id, ReqBody::from(bytes)),
-            Err(e) => {
-                return Ok(reject(
-                    Problem::new(
-                        StatusCode::BAD_REQUEST,
-                        format!("the request body is not valid JSON: {e}"),
-                    ),
-                    None,
-                ));
+        let id = if c.key.needs_body() {
+            match c.key.id_in_json(&bytes) {
+                Ok(id) => id,
+                Err(e) => {
+                    return Ok(reject(
+                        Problem::new(
+                            StatusCode::BAD_REQUEST,
+                            format!("the request body is not valid JSON: {e}"),
+                        ),
+                        None,
+                    ));
+                }
             }
-        }
+        } else {
+            c.key.id_in_head(&mut parts).await
+        };
+        let fingerprint = fingerprint_body.then(|| <[u8; 32]>::from(Sha256::digest(&bytes)));
+        (id, ReqBody::from(bytes), fingerprint)
     } else {
-        (c.key.id_in_head(&mut parts).await, body)
+        (c.key.id_in_head(&mut parts).await, body, None)
     };
     let mut req = Request::from_parts(parts, body);
     let Some(id) = id else {
@@ -183,9 +177,18 @@ where
         Err(e) => return Ok(reject(Problem::from_error(&e, c.contention), None)),
     };
 
-    // 2. The lock.
-    let guard = match c.locker.acquire(&key).await {
-        Ok(guard) => guard,
+    // 2. The lock, or the completed record.
+    let taken = match &c.idempotency {
+        Some(_) => {
+            c.locker
+                .acquire_or_replay(&key, c.locker.wait_timeout())
+                .await
+        }
+        None => c.locker.acquire(&key).await.map(Acquired::Locked),
+    };
+    let guard = match taken {
+        Ok(Acquired::Locked(guard)) => guard,
+        Ok(Acquired::Completed(record)) => return Ok(replay(record, fingerprint, &key)),
         Err(e) if e.is_store_failure() && c.on_store_error == OnStoreError::FailOpen => {
             tracing::warn!(key = %key, error = %e, "lock store failed; running unlocked (fail-open)");
             return run_unlocked(inner, req).await;
@@ -227,14 +230,157 @@ where
     res.headers_mut()
         .insert(c.header.clone(), HeaderValue::from(token.get()));
 
-    // 4. Release before the response leaves (so a client that got an answer
-    // finds the lock free), or when the body ends.
+    // 4. Record the outcome (idempotency), then release before the response
+    // leaves (so a client that got an answer finds the lock free), or when
+    // the body ends.
+    if let Some(idem) = &c.idempotency
+        && (idem.store_when)(res.status())
+    {
+        return Ok(finish(idem, guard, res, fingerprint).await);
+    }
     if c.hold_until_body_end {
         Ok(res.map(|b| ResponseBody::inner(b, Some(guard))))
     } else {
         let _ = guard.release().await;
         Ok(res.map(|b| ResponseBody::inner(b, None)))
     }
+}
+
+/// Reads a body key's or fingerprint's body: `Content-Length` first, then a
+/// limited read.
+async fn read_body<B>(parts: &http::request::Parts, body: B, limit: usize) -> Result<Bytes, Problem>
+where
+    B: http_body::Body,
+    B::Error: Into<BoxError>,
+{
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large(limit));
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large(limit)),
+        Err(_) => Err(Problem::new(
+            StatusCode::BAD_REQUEST,
+            "the request body could not be read",
+        )),
+    }
+}
+
+/// The stored answer of a completed request, or 422 when the key comes back
+/// with a different request.
+fn replay<B>(
+    record: Record,
+    fingerprint: Option<[u8; 32]>,
+    key: &LockKey,
+) -> Response<ResponseBody<B>> {
+    if let (Some(stored), Some(now)) = (record.fingerprint, fingerprint)
+        && stored != now
+    {
+        return reject(
+            Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "this idempotency key was already used with a different request",
+            ),
+            Some(key),
+        );
+    }
+    tracing::debug!(key = %key, status = record.status.as_u16(), "replaying a completed request");
+    let mut res = Response::new(ResponseBody::full(record.body));
+    *res.status_mut() = record.status;
+    let h = res.headers_mut();
+    for (name, value) in record.headers {
+        h.append(name, value);
+    }
+    h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    res
+}
+
+/// Buffers the response body (up to the stored-body limit), stores the
+/// record and releases in one step, and hands the same response on.
+async fn finish<B>(
+    idem: &Idempotency,
+    guard: LockGuard,
+    res: Response<B>,
+    fingerprint: Option<[u8; 32]>,
+) -> Response<ResponseBody<B>>
+where
+    B: http_body::Body<Data = Bytes>,
+{
+    let (parts, body) = res.into_parts();
+    let mut body = Box::pin(body);
+    let mut buf = BytesMut::new();
+    let mut complete = true;
+    let mut failed = false;
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            failed = true;
+            break;
+        };
+        if let Ok(data) = frame.into_data() {
+            buf.extend_from_slice(&data);
+            if buf.len() > idem.max_body {
+                complete = false;
+                break;
+            }
+        }
+    }
+    if failed {
+        // The response failed mid-body: store nothing, free the key.
+        let key = guard.key().clone();
+        let _ = guard.release().await;
+        return reject(
+            Problem::new(
+                StatusCode::BAD_GATEWAY,
+                "the handler's response body failed",
+            ),
+            Some(&key),
+        );
+    }
+    let buf = buf.freeze();
+    let mut record = Record::new(parts.status);
+    record.fingerprint = fingerprint;
+    record.headers = idem
+        .headers
+        .iter()
+        .flat_map(|name| {
+            parts
+                .headers
+                .get_all(name)
+                .iter()
+                .map(move |v| (name.clone(), v.clone()))
+        })
+        .collect();
+    if complete {
+        record.body = buf.clone();
+    } else {
+        record.body_omitted = true;
+        tracing::warn!(
+            key = %guard.key(),
+            limit = idem.max_body,
+            "response body over the stored-body limit: storing status and headers only"
+        );
+    }
+    let key = guard.key().clone();
+    match guard.finish(&record, idem.retention).await {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(key = %key, "lock lost before the outcome could be stored; a duplicate will run again")
+        }
+        Err(e) => {
+            tracing::warn!(key = %key, error = %e, "storing the outcome failed; a duplicate will run again")
+        }
+    }
+    let body = if complete {
+        ResponseBody::full(buf)
+    } else {
+        ResponseBody::chained(buf, body)
+    };
+    Response::from_parts(parts, body)
 }
 
 fn too_large(limit: usize) -> Problem {

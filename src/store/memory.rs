@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -45,6 +46,7 @@ pub struct MemoryStore {
 #[derive(Default)]
 struct State {
     locks: HashMap<LockKey, Held>,
+    records: HashMap<LockKey, (Bytes, Instant)>,
     watchers: HashMap<LockKey, watch::Sender<u64>>,
     last_token: u64,
     ops_since_sweep: u32,
@@ -106,6 +108,7 @@ impl State {
         if self.ops_since_sweep >= 1024 {
             self.ops_since_sweep = 0;
             self.locks.retain(|_, h| h.expires > now);
+            self.records.retain(|_, (_, expires)| *expires > now);
         }
     }
 
@@ -114,6 +117,54 @@ impl State {
             self.locks.remove(key);
         }
         self.locks.get_mut(key)
+    }
+
+    fn record(&mut self, key: &LockKey, now: Instant) -> Option<Bytes> {
+        if self.records.get(key).is_some_and(|(_, e)| *e <= now) {
+            self.records.remove(key);
+        }
+        self.records.get(key).map(|(r, _)| r.clone())
+    }
+
+    /// Removes `key` if `owner` holds it, and wakes its waiters.
+    fn release(&mut self, key: &LockKey, owner: &OwnerToken, now: Instant) -> bool {
+        let ours = matches!(self.live(key, now), Some(h) if h.owner == *owner);
+        if ours {
+            self.locks.remove(key);
+            if let Some(tx) = self.watchers.get(key) {
+                tx.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }
+        ours
+    }
+
+    fn acquire(
+        &mut self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+        now: Instant,
+    ) -> AcquireOutcome {
+        self.sweep_now_and_then(now);
+        if let Some(h) = self.live(key, now) {
+            if h.owner == *owner {
+                h.expires = now + lease;
+                return AcquireOutcome::Granted(h.token);
+            }
+            return AcquireOutcome::Held {
+                remaining: Some(h.expires - now),
+            };
+        }
+        let token = self.next_token();
+        self.locks.insert(
+            key.clone(),
+            Held {
+                owner: owner.clone(),
+                token,
+                expires: now + lease,
+            },
+        );
+        AcquireOutcome::Granted(token)
     }
 
     fn next_token(&mut self) -> FencingToken {
@@ -134,27 +185,43 @@ impl LockStore for MemoryStore {
         lease: Duration,
     ) -> Result<AcquireOutcome, Error> {
         let now = Instant::now();
+        Ok(self.lock().acquire(key, owner, lease, now))
+    }
+
+    async fn acquire_or_replay(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        let now = Instant::now();
         let mut st = self.lock();
-        st.sweep_now_and_then(now);
-        if let Some(h) = st.live(key, now) {
-            if h.owner == *owner {
-                h.expires = now + lease;
-                return Ok(AcquireOutcome::Granted(h.token));
-            }
-            return Ok(AcquireOutcome::Held {
-                remaining: Some(h.expires - now),
-            });
+        if let Some(record) = st.record(key, now) {
+            return Ok(AcquireOutcome::Completed(record));
         }
-        let token = st.next_token();
-        st.locks.insert(
-            key.clone(),
-            Held {
-                owner: owner.clone(),
-                token,
-                expires: now + lease,
-            },
-        );
-        Ok(AcquireOutcome::Granted(token))
+        Ok(st.acquire(key, owner, lease, now))
+    }
+
+    async fn finish(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        record: Bytes,
+        retention: Duration,
+    ) -> Result<bool, Error> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let ours = matches!(st.live(key, now), Some(h) if h.owner == *owner);
+        if ours {
+            st.records.insert(key.clone(), (record, now + retention));
+            st.release(key, owner, now);
+        }
+        Ok(ours)
+    }
+
+    async fn read_record(&self, key: &LockKey) -> Result<Option<Bytes>, Error> {
+        let now = Instant::now();
+        Ok(self.lock().record(key, now))
     }
 
     async fn extend(
@@ -176,15 +243,7 @@ impl LockStore for MemoryStore {
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
         let now = Instant::now();
-        let mut st = self.lock();
-        let ours = matches!(st.live(key, now), Some(h) if h.owner == *owner);
-        if ours {
-            st.locks.remove(key);
-            if let Some(tx) = st.watchers.get(key) {
-                tx.send_modify(|n| *n = n.wrapping_add(1));
-            }
-        }
-        Ok(ours)
+        Ok(self.lock().release(key, owner, now))
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {

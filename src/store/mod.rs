@@ -12,12 +12,16 @@
 //! | [`extend_many`](LockStore::extend_many) | the same for a batch (pipelined where the backend can) |
 //! | [`release`](LockStore::release) | delete if we still own it, and wake waiters |
 //! | [`subscribe`](LockStore::subscribe) | a [`ReleaseWatch`] that fires on the next release of a key |
+//! | [`acquire_or_replay`](LockStore::acquire_or_replay) | as `acquire`, but answer the completed record instead if there is one |
+//! | [`finish`](LockStore::finish) | store a completed record and release, as one owner-checked step |
+//! | [`read_record`](LockStore::read_record) | the completed record of a key, if any |
 //!
 //! Every store passes the same conformance suite (`tests/conformance.rs`).
 
 use std::future::Future;
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::sync::watch;
 
 use crate::{Error, FencingToken, LockKey, OwnerToken};
@@ -26,7 +30,7 @@ pub mod memory;
 pub mod redis;
 
 /// What an acquire attempt found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AcquireOutcome {
     /// The lock is ours, with this fencing token.
     Granted(FencingToken),
@@ -36,6 +40,10 @@ pub enum AcquireOutcome {
         /// The holder's remaining lease.
         remaining: Option<Duration>,
     },
+    /// The key's work is done: its completed record (see
+    /// [`Record`](crate::Record)). Only [`LockStore::acquire_or_replay`]
+    /// answers this.
+    Completed(Bytes),
 }
 
 /// One lease to renew in [`LockStore::extend_many`].
@@ -98,6 +106,55 @@ pub trait LockStore: Send + Sync + 'static {
         key: &LockKey,
         owner: &OwnerToken,
     ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Like [`acquire`](LockStore::acquire), but when `key` has a completed
+    /// record, answers [`AcquireOutcome::Completed`] with it and takes
+    /// nothing. The default takes the lock, then reads the record while
+    /// holding it (only a holder can store one, so none can appear in
+    /// between) and releases if there is one: two round trips where a store
+    /// can do one.
+    fn acquire_or_replay(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<AcquireOutcome, Error>> + Send {
+        async move {
+            let outcome = self.acquire(key, owner, lease).await?;
+            if !matches!(outcome, AcquireOutcome::Granted(_)) {
+                return Ok(outcome);
+            }
+            match self.read_record(key).await {
+                Ok(Some(record)) => {
+                    self.release(key, owner).await?;
+                    Ok(AcquireOutcome::Completed(record))
+                }
+                Ok(None) => Ok(outcome),
+                Err(e) => {
+                    let _ = self.release(key, owner).await;
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    /// Stores `record` for `retention` and releases `key`, as one atomic
+    /// step, if `owner` still holds it: there is no moment where neither the
+    /// lock nor the record exists, and a holder that lost its lock stores
+    /// nothing (`Ok(false)`). Wakes waiters like a release.
+    fn finish(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        record: Bytes,
+        retention: Duration,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// The completed record of `key`, if one is stored.
+    fn read_record(
+        &self,
+        key: &LockKey,
+    ) -> impl Future<Output = Result<Option<Bytes>, Error>> + Send;
 
     /// Subscribes to release notifications for `key`. When this returns,
     /// the subscription is in force: any release after this point fires the

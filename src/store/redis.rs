@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures_util::StreamExt;
 use redis::aio::{MultiplexedConnection, PubSubSink};
 use redis::{RedisError, Script};
@@ -18,10 +19,15 @@ use crate::{Error, FencingToken, LockKey, Operation, OwnerToken};
 // The lock value is `<owner hex>:<fencing token>`: one string with PX, so a
 // grant is one SET and an owner check one GET and a prefix compare.
 //
-// KEYS[1] lock, KEYS[2] fence counter
+// KEYS[1] lock, KEYS[2] fence counter, KEYS[3] (optional) completed record
 // ARGV[1] owner, ARGV[2] lease ms, ARGV[3] fence retention ms
-// -> {1, token} granted (or re-entered: same token), {0, pttl} held
+// -> {1, token} granted (or re-entered: same token), {0, pttl} held,
+//    {2, record} completed (only when KEYS[3] is given)
 const ACQUIRE_SRC: &str = r#"
+if KEYS[3] then
+  local rec = redis.call('GET', KEYS[3])
+  if rec then return {2, rec} end
+end
 local cur = redis.call('GET', KEYS[1])
 if cur then
   if string.sub(cur, 1, 32) == ARGV[1] then
@@ -40,6 +46,21 @@ redis.call('SET', KEYS[1], ARGV[1] .. ':' .. s, 'PX', ARGV[2])
 return {1, token}
 "#;
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_SRC));
+
+// KEYS[1] lock, KEYS[2] record
+// ARGV[1] owner, ARGV[2] record, ARGV[3] retention ms, ARGV[4] release channel
+// -> 1 stored and released, 0 not owner (nothing stored)
+const FINISH_SRC: &str = r#"
+local cur = redis.call('GET', KEYS[1])
+if cur and string.sub(cur, 1, 32) == ARGV[1] then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[4], '')
+  return 1
+end
+return 0
+"#;
+static FINISH: LazyLock<Script> = LazyLock::new(|| Script::new(FINISH_SRC));
 
 // KEYS[1] lock; ARGV[1] owner, ARGV[2] lease ms -> 1 extended, 0 not owner
 const EXTEND_SRC: &str = r#"
@@ -202,6 +223,11 @@ impl RedisStore {
         format!("{}:{{{}}}:fence", self.inner.prefix, key)
     }
 
+    /// The Redis key that holds `key`'s completed record.
+    pub fn record_key(&self, key: &LockKey) -> String {
+        format!("{}:{{{}}}:record", self.inner.prefix, key)
+    }
+
     /// The channel on which `key`'s releases are published.
     pub fn release_channel(&self, key: &LockKey) -> String {
         format!("{}:{{{}}}:released", self.inner.prefix, key)
@@ -249,7 +275,7 @@ impl RedisStore {
         // first uses do not pay for a NOSCRIPT answer. (EVALSHA still falls
         // back to loading if the server's script cache is flushed.)
         let mut load = redis::pipe();
-        for src in [ACQUIRE_SRC, EXTEND_SRC, RELEASE_SRC] {
+        for src in [ACQUIRE_SRC, EXTEND_SRC, RELEASE_SRC, FINISH_SRC] {
             load.cmd("SCRIPT").arg("LOAD").arg(src).ignore();
         }
         load.query_async::<()>(&mut conn)
@@ -287,6 +313,41 @@ impl RedisStore {
             Ok(r) => r,
             Err(_) => Err(timeout_error(op, key, self.inner.timeout)),
         }
+    }
+
+    async fn acquire_script(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+        replay: bool,
+    ) -> Result<AcquireOutcome, Error> {
+        let mut inv = ACQUIRE.key(self.lock_key(key));
+        inv.key(self.fence_key(key));
+        if replay {
+            inv.key(self.record_key(key));
+        }
+        inv.arg(owner.as_str())
+            .arg(ms(lease))
+            .arg(self.inner.fence_retention_ms);
+        let (kind, value): (i64, redis::Value) = self
+            .with_conn(Operation::Acquire, Some(key), |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        let unexpected = || Error::Unavailable {
+            op: Operation::Acquire,
+            key: Some(key.clone()),
+            source: "unexpected reply from the acquire script".into(),
+        };
+        Ok(match (kind, value) {
+            (1, redis::Value::Int(n)) => AcquireOutcome::Granted(FencingToken::new(n as u64)),
+            (0, redis::Value::Int(n)) => AcquireOutcome::Held {
+                remaining: (n >= 0).then(|| Duration::from_millis(n as u64)),
+            },
+            (2, redis::Value::BulkString(rec)) => AcquireOutcome::Completed(Bytes::from(rec)),
+            _ => return Err(unexpected()),
+        })
     }
 
     fn notifier(&self) -> Option<&Notifier> {
@@ -333,23 +394,47 @@ impl LockStore for RedisStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<AcquireOutcome, Error> {
-        let mut inv = ACQUIRE.key(self.lock_key(key));
-        inv.key(self.fence_key(key))
+        self.acquire_script(key, owner, lease, false).await
+    }
+
+    async fn acquire_or_replay(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        self.acquire_script(key, owner, lease, true).await
+    }
+
+    async fn finish(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        record: Bytes,
+        retention: Duration,
+    ) -> Result<bool, Error> {
+        let mut inv = FINISH.key(self.lock_key(key));
+        inv.key(self.record_key(key))
             .arg(owner.as_str())
-            .arg(ms(lease))
-            .arg(self.inner.fence_retention_ms);
-        let (granted, n): (i64, i64) = self
-            .with_conn(Operation::Acquire, Some(key), |mut c| async move {
+            .arg(record.as_ref())
+            .arg(ms(retention))
+            .arg(self.release_channel(key));
+        let n: i64 = self
+            .with_conn(Operation::Release, Some(key), |mut c| async move {
                 inv.invoke_async(&mut c).await
             })
             .await?;
-        Ok(if granted == 1 {
-            AcquireOutcome::Granted(FencingToken::new(n as u64))
-        } else {
-            AcquireOutcome::Held {
-                remaining: (n >= 0).then(|| Duration::from_millis(n as u64)),
-            }
-        })
+        Ok(n == 1)
+    }
+
+    async fn read_record(&self, key: &LockKey) -> Result<Option<Bytes>, Error> {
+        let record_key = self.record_key(key);
+        let raw: Option<Vec<u8>> = self
+            .with_conn(Operation::Acquire, Some(key), |mut c| async move {
+                redis::cmd("GET").arg(record_key).query_async(&mut c).await
+            })
+            .await?;
+        Ok(raw.map(Bytes::from))
     }
 
     async fn extend(

@@ -1,0 +1,236 @@
+//! A small HTTP server with one locked route: try the layer by hand.
+//!
+//! ```text
+//! cargo run --example demo                                       # in-memory store
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example demo     # Redis
+//! ```
+//!
+//! Then, in another terminal:
+//!
+//! ```text
+//! curl -i -X POST 'localhost:3000/jobs/42?work_ms=5000' &     # 200 after 5 s
+//! curl -i -X POST 'localhost:3000/jobs/42'                    # 409 + Retry-After
+//! curl -i localhost:3000/healthz                               # 200, never locked
+//! ```
+//!
+//! Routes:
+//!
+//! * `POST /jobs/{id}?work_ms=N` runs under a lock on `{id}`: it sleeps N ms
+//!   (default 100, at most 60000) and answers `{"id": "...",
+//!   "fencing_token": N}` with the same token in the `fencing-token`
+//!   header. A second request for the same id while the first runs gets the
+//!   layer's `409` `application/problem+json` answer with `Retry-After`.
+//! * `GET /healthz` answers `200 ok`, outside the lock layer.
+//!
+//! Environment:
+//!
+//! | variable        | default | meaning                                           |
+//! |-----------------|---------|---------------------------------------------------|
+//! | `PORT`          | 3000    | port on 127.0.0.1 (0 picks a free one)            |
+//! | `REDIS_URL`     | unset   | use Redis at this URL; unset: in-memory store     |
+//! | `LOCK_LEASE_MS` | 30000   | lease, renewed every lease/3 while a job runs     |
+//! | `LOCK_WAIT_MS`  | 0       | how long a request waits for a held lock (0: 409 at once) |
+//! | `RUST_LOG`      | info    | log filter (`tracing_subscriber::EnvFilter`)      |
+//!
+//! A bad value is reported with the variable's name and exits with code 2.
+
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use axum::extract::{Path, Query};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use tower_redis_lock::{KeyFrom, LockGuard, LockLayer, LockStore, Locker, MemoryStore, RedisStore};
+
+/// Default `work_ms` of a job.
+pub const DEFAULT_WORK: Duration = Duration::from_millis(100);
+/// Largest `work_ms` a job accepts; larger values are capped.
+pub const MAX_WORK: Duration = Duration::from_secs(60);
+/// Namespace of the job locks.
+pub const NAMESPACE: &str = "jobs";
+
+/// The demo's routes around `locker`: `POST /jobs/{id}` under the lock
+/// layer, `GET /healthz` outside it.
+pub fn app<St: LockStore>(locker: Locker<St>) -> Router {
+    let layer = LockLayer::builder(locker, KeyFrom::path_param("id"))
+        .namespace(NAMESPACE)
+        .build()
+        // The settings above are constants; a failure here is a bug in the
+        // demo, found on the first start, never on a request.
+        .expect("the demo's lock layer settings are valid");
+    // `route_layer` wraps only the routes above it, after routing, so
+    // `/healthz` (added below) and unknown paths (404) never take a lock.
+    Router::new()
+        .route("/jobs/{id}", post(run_job))
+        .route_layer(layer)
+        .route("/healthz", get(healthz))
+}
+
+/// Runs under the lock the layer took for `{id}`.
+async fn run_job(
+    Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    guard: LockGuard,
+) -> Response {
+    let work = match query.get("work_ms").map(|v| v.parse::<u64>()) {
+        None => DEFAULT_WORK,
+        Some(Ok(ms)) => Duration::from_millis(ms).min(MAX_WORK),
+        Some(Err(_)) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                "work_ms must be a whole number of milliseconds\n",
+            )
+                .into_response();
+        }
+    };
+    let token = guard.fencing_token();
+    tracing::info!(%id, fencing_token = token.get(), work_ms = work.as_millis() as u64, "job started");
+    tokio::time::sleep(work).await;
+    tracing::info!(%id, fencing_token = token.get(), still_held = guard.is_held(), "job finished");
+    // The layer adds the `fencing-token` header and releases the lock.
+    Json(serde_json::json!({ "id": id, "fencing_token": token.get() })).into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// The demo's settings, read from the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Port on 127.0.0.1.
+    pub port: u16,
+    /// Redis URL, if any.
+    pub redis_url: Option<String>,
+    /// Lock lease.
+    pub lease: Duration,
+    /// Wait timeout for a held lock.
+    pub wait: Duration,
+}
+
+impl Settings {
+    /// Reads the settings through `var` (the process environment in
+    /// `main`). An unset or empty variable takes its default.
+    pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Settings, String> {
+        let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        let number = |name: &str, default: u64| -> Result<u64, String> {
+            match get(name) {
+                None => Ok(default),
+                Some(v) => v.trim().parse::<u64>().map_err(|_| {
+                    format!("{name}={v:?} is not valid: expected a whole number of milliseconds")
+                }),
+            }
+        };
+        let port = match get("PORT") {
+            None => 3000,
+            Some(v) => v
+                .trim()
+                .parse::<u16>()
+                .map_err(|_| format!("PORT={v:?} is not valid: expected a port, 0 to 65535"))?,
+        };
+        Ok(Settings {
+            port,
+            redis_url: get("REDIS_URL"),
+            lease: Duration::from_millis(number("LOCK_LEASE_MS", 30_000)?),
+            wait: Duration::from_millis(number("LOCK_WAIT_MS", 0)?),
+        })
+    }
+
+    /// A locker over `store` with this lease and wait timeout.
+    pub fn locker<St: LockStore>(&self, store: St) -> Result<Locker<St>, String> {
+        Locker::builder(store)
+            .lease(self.lease)
+            .wait_timeout(self.wait)
+            .build()
+            .map_err(|e| match e.setting() {
+                "lease" => format!("LOCK_LEASE_MS={} is not valid: {e}", self.lease.as_millis()),
+                _ => format!("lock settings are not valid: {e}"),
+            })
+    }
+}
+
+/// `redis://user:secret@host/` → `redis://***@host/`, for the start banner.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),
+        _ => url.to_owned(),
+    }
+}
+
+/// What went wrong on start, and the exit code it maps to.
+enum Failure {
+    /// A bad environment value: exit code 2.
+    Usage(String),
+    /// The server could not start or failed: exit code 1.
+    Runtime(String),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Usage(msg)) => {
+            eprintln!("demo: {msg}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Runtime(msg)) => {
+            eprintln!("demo: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Failure> {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(v) if !v.trim().is_empty() => tracing_subscriber::EnvFilter::try_new(&v)
+            .map_err(|e| Failure::Usage(format!("RUST_LOG={v:?} is not valid: {e}")))?,
+        _ => tracing_subscriber::EnvFilter::new("info"),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+
+    let settings =
+        Settings::from_lookup(|name| std::env::var(name).ok()).map_err(Failure::Usage)?;
+    match &settings.redis_url {
+        Some(url) => {
+            let store = RedisStore::from_url(url)
+                .map_err(|e| Failure::Usage(format!("REDIS_URL is not valid: {e}")))?;
+            println!("store: Redis at {}", redact(url));
+            serve(&settings, store).await
+        }
+        None => {
+            println!("store: in-memory (set REDIS_URL to use Redis)");
+            serve(&settings, MemoryStore::new()).await
+        }
+    }
+}
+
+async fn serve<St: LockStore>(settings: &Settings, store: St) -> Result<(), Failure> {
+    let locker = settings.locker(store).map_err(Failure::Usage)?;
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, settings.port));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Failure::Runtime(format!("cannot listen on {addr}: {e}")))?;
+    let local = listener.local_addr().unwrap_or(addr);
+    println!(
+        "lease {} ms, wait {} ms; listening on http://{local}",
+        settings.lease.as_millis(),
+        settings.wait.as_millis()
+    );
+    println!("try: curl -i -X POST 'http://{local}/jobs/42?work_ms=5000'");
+    axum::serve(listener, app(locker))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("shutting down");
+        })
+        .await
+        .map_err(|e| Failure::Runtime(format!("server failed: {e}")))
+}

@@ -1,0 +1,160 @@
+//! Idempotent replay of completed requests (webhooks, `Idempotency-Key`).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, StatusCode, header};
+
+use crate::error::ConfigError;
+
+/// Header set on replayed responses.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// Default retention of completed records: 24 hours.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// Default largest response body stored for replay: 256 KiB.
+pub const DEFAULT_MAX_STORED_BODY: usize = 256 << 10;
+
+/// How a request is fingerprinted, so that a key reused with a different
+/// request is refused (422) instead of replaying an unrelated response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Fingerprint {
+    /// SHA-256 of the request body (default; the body is read within the
+    /// layer's body limit).
+    #[default]
+    Body,
+    /// No fingerprint: any request with the key gets the stored response.
+    None,
+}
+
+type StorePredicate = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
+
+/// Settings for idempotent processing; turn it on with
+/// [`LockLayerBuilder::idempotent`](super::LockLayerBuilder::idempotent).
+///
+/// Three states per key: *in flight* (the lock is held: a duplicate gets 409,
+/// or waits up to the locker's wait timeout and gets the record),
+/// *completed* (a record: the duplicate gets the stored response with
+/// `Idempotent-Replayed: true`, without running the handler) and *absent*
+/// (the request runs). Storing the record and releasing the lock are one
+/// atomic step.
+///
+/// By default 2xx and final 4xx answers are stored (not 408, 409, 425 and
+/// 429, which invite a retry), never 5xx: a failed attempt can be retried,
+/// and so can a request whose handler panicked or whose client went away,
+/// since those store nothing.
+#[derive(Clone)]
+pub struct Idempotency {
+    pub(crate) retention: Duration,
+    pub(crate) max_body: usize,
+    pub(crate) headers: Vec<HeaderName>,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) store_when: StorePredicate,
+}
+
+impl Default for Idempotency {
+    fn default() -> Self {
+        Idempotency {
+            retention: DEFAULT_RETENTION,
+            max_body: DEFAULT_MAX_STORED_BODY,
+            headers: vec![header::CONTENT_TYPE],
+            fingerprint: Fingerprint::default(),
+            store_when: Arc::new(default_store_when),
+        }
+    }
+}
+
+/// 2xx and final 4xx; not 408, 409, 425, 429; never 5xx.
+fn default_store_when(status: StatusCode) -> bool {
+    status.is_success()
+        || (status.is_client_error() && !matches!(status.as_u16(), 408 | 409 | 425 | 429))
+}
+
+impl Idempotency {
+    /// The defaults: 24 h retention, bodies up to 256 KiB, `Content-Type`
+    /// replayed, body fingerprint.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How long a completed record answers duplicates (at least 1 s).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Largest response body stored. Over it, only status and headers are
+    /// stored and a replay has an empty body (the log says so).
+    pub fn max_stored_body(mut self, max: usize) -> Self {
+        self.max_body = max;
+        self
+    }
+
+    /// Response headers kept for replay (default: `Content-Type`).
+    pub fn replay_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.headers = headers.into_iter().collect();
+        self
+    }
+
+    /// How requests are fingerprinted (default: body hash).
+    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.fingerprint = fingerprint;
+        self
+    }
+
+    /// Which statuses are stored (default: 2xx and final 4xx).
+    pub fn store_when<F>(mut self, predicate: F) -> Self
+    where
+        F: Fn(StatusCode) -> bool + Send + Sync + 'static,
+    {
+        self.store_when = Arc::new(predicate);
+        self
+    }
+
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if self.retention < Duration::from_secs(1) {
+            return Err(ConfigError::new("retention", "must be at least 1 s"));
+        }
+        if self.max_body > 64 << 20 {
+            return Err(ConfigError::new(
+                "max_stored_body",
+                "must be at most 64 MiB",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Idempotency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("retention", &self.retention)
+            .field("max_body", &self.max_body)
+            .field("headers", &self.headers)
+            .field("fingerprint", &self.fingerprint)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_policy_stores_final_answers_only() {
+        for ok in [200, 201, 204, 400, 404, 410, 422] {
+            assert!(
+                default_store_when(StatusCode::from_u16(ok).unwrap()),
+                "{ok}"
+            );
+        }
+        for retry in [408, 409, 425, 429, 500, 502, 503, 504, 302] {
+            assert!(
+                !default_store_when(StatusCode::from_u16(retry).unwrap()),
+                "{retry}"
+            );
+        }
+    }
+}

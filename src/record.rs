@@ -1,0 +1,158 @@
+//! Completed-request records for idempotent replay.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::{HeaderName, HeaderValue, StatusCode};
+
+const MAGIC: &[u8; 4] = b"TRL1";
+const BODY_OMITTED: u8 = 1;
+const HAS_FINGERPRINT: u8 = 2;
+
+/// The stored outcome of a completed request: what a duplicate gets instead
+/// of running the handler again.
+///
+/// Stores keep it as an opaque blob ([`Record::encode`]); its format is
+/// versioned and checked on [`decode`](Record::decode).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Response status.
+    pub status: StatusCode,
+    /// The response headers chosen for replay.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The response body, unless it was over the stored-body limit.
+    pub body: Bytes,
+    /// True when the body was over the limit and only the status and headers
+    /// were stored; a replay then has an empty body.
+    pub body_omitted: bool,
+    /// Fingerprint of the request that produced it (SHA-256 of the body by
+    /// default): a duplicate with another fingerprint is refused with 422.
+    pub fingerprint: Option<[u8; 32]>,
+    /// When it was stored, in milliseconds since the Unix epoch.
+    pub created_at_ms: u64,
+}
+
+impl Record {
+    /// A record stamped with the current time.
+    pub fn new(status: StatusCode) -> Self {
+        Record {
+            status,
+            headers: Vec::new(),
+            body: Bytes::new(),
+            body_omitted: false,
+            fingerprint: None,
+            created_at_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+        }
+    }
+
+    /// The stored form.
+    pub fn encode(&self) -> Bytes {
+        let mut b = BytesMut::with_capacity(64 + self.body.len());
+        b.put_slice(MAGIC);
+        b.put_u16(self.status.as_u16());
+        let mut flags = 0;
+        if self.body_omitted {
+            flags |= BODY_OMITTED;
+        }
+        if self.fingerprint.is_some() {
+            flags |= HAS_FINGERPRINT;
+        }
+        b.put_u8(flags);
+        b.put_u64(self.created_at_ms);
+        if let Some(fp) = &self.fingerprint {
+            b.put_slice(fp);
+        }
+        b.put_u16(self.headers.len().min(u16::MAX as usize) as u16);
+        for (name, value) in self.headers.iter().take(u16::MAX as usize) {
+            b.put_u16(name.as_str().len() as u16);
+            b.put_slice(name.as_str().as_bytes());
+            b.put_u32(value.len() as u32);
+            b.put_slice(value.as_bytes());
+        }
+        b.put_u32(self.body.len() as u32);
+        b.put_slice(&self.body);
+        b.freeze()
+    }
+
+    /// Parses the stored form; `None` if it is not a record of this format.
+    pub fn decode(mut raw: Bytes) -> Option<Self> {
+        fn take(raw: &mut Bytes, n: usize) -> Option<Bytes> {
+            (raw.remaining() >= n).then(|| raw.split_to(n))
+        }
+        if take(&mut raw, 4)?.as_ref() != MAGIC || raw.remaining() < 11 {
+            return None;
+        }
+        let status = StatusCode::from_u16(raw.get_u16()).ok()?;
+        let flags = raw.get_u8();
+        let created_at_ms = raw.get_u64();
+        let fingerprint = if flags & HAS_FINGERPRINT != 0 {
+            Some(<[u8; 32]>::try_from(take(&mut raw, 32)?.as_ref()).ok()?)
+        } else {
+            None
+        };
+        if raw.remaining() < 2 {
+            return None;
+        }
+        let n = raw.get_u16() as usize;
+        let mut headers = Vec::with_capacity(n);
+        for _ in 0..n {
+            if raw.remaining() < 2 {
+                return None;
+            }
+            let len = raw.get_u16() as usize;
+            let name = HeaderName::from_bytes(&take(&mut raw, len)?).ok()?;
+            if raw.remaining() < 4 {
+                return None;
+            }
+            let len = raw.get_u32() as usize;
+            let value = HeaderValue::from_maybe_shared(take(&mut raw, len)?).ok()?;
+            headers.push((name, value));
+        }
+        if raw.remaining() < 4 {
+            return None;
+        }
+        let len = raw.get_u32() as usize;
+        let body = take(&mut raw, len)?;
+        raw.is_empty().then_some(Record {
+            status,
+            headers,
+            body,
+            body_omitted: flags & BODY_OMITTED != 0,
+            fingerprint,
+            created_at_ms,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let mut r = Record::new(StatusCode::CREATED);
+        r.headers.push((
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        ));
+        r.headers
+            .push((HeaderName::from_static("x-a"), HeaderValue::from_static("")));
+        r.body = Bytes::from_static(b"{\"ok\":true}\0\xff");
+        r.fingerprint = Some([7; 32]);
+        let raw = r.encode();
+        assert_eq!(Record::decode(raw.clone()), Some(r.clone()));
+        // Truncated or extended blobs are refused.
+        for n in 0..raw.len() {
+            assert_eq!(Record::decode(raw.slice(..n)), None, "prefix {n}");
+        }
+        let mut longer = raw.to_vec();
+        longer.push(0);
+        assert_eq!(Record::decode(Bytes::from(longer)), None);
+        let mut plain = Record::new(StatusCode::OK);
+        plain.body_omitted = true;
+        assert_eq!(Record::decode(plain.encode()), Some(plain));
+    }
+}

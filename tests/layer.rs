@@ -1,0 +1,1380 @@
+//! Behaviour of the HTTP layer: through `Router::oneshot`, over real TCP
+//! (`axum::serve` on a free port), and against the `tower_test` mock. Layer
+//! logic runs on `MemoryStore`; wherever Redis behaviour is claimed, a real
+//! `redis-server` started by the test support on a free port.
+
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Extension;
+use axum::routing::{get, post};
+use bytes::Bytes;
+use futures_util::{FutureExt, StreamExt};
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use support::RedisServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{Barrier, mpsc, oneshot};
+use tokio::time::{Instant, timeout};
+use tower::{Layer, ServiceExt};
+use tower_redis_lock::{
+    FencingToken, KeyFrom, LockGuard, LockKey, LockLayer, LockStore, Locker, MemoryStore,
+    OnLockLost, OnMissingKey, OnStoreError, RedisStore,
+};
+
+/// Upper bound on every wait for a condition. Reached only when the test
+/// fails; a passing run never waits this long.
+const LIMIT: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+/// A response with its body read.
+#[derive(Debug)]
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Reply {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    fn fencing(&self, header: &str) -> Option<u64> {
+        self.headers
+            .get(header)
+            .map(|v| v.to_str().unwrap().parse().unwrap())
+    }
+
+    fn retry_after(&self) -> u64 {
+        self.headers
+            .get(RETRY_AFTER)
+            .unwrap_or_else(|| panic!("no Retry-After on {self:?}"))
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    /// Checks an RFC 9457 answer and returns its JSON.
+    fn problem(&self, status: StatusCode) -> serde_json::Value {
+        assert_eq!(self.status, status, "{}", self.text());
+        assert_eq!(
+            self.headers.get(CONTENT_TYPE).unwrap(),
+            "application/problem+json"
+        );
+        let v: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
+        assert_eq!(v["status"], status.as_u16(), "{v}");
+        assert!(v["detail"].as_str().is_some_and(|d| !d.is_empty()), "{v}");
+        v
+    }
+}
+
+async fn read<B>(res: Response<B>) -> Reply
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    let (parts, body) = res.into_parts();
+    let body = timeout(LIMIT, body.collect())
+        .await
+        .expect("response body did not end")
+        .unwrap()
+        .to_bytes();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+async fn send(app: &Router, req: Request<Body>) -> Reply {
+    let res = timeout(LIMIT, app.clone().oneshot(req))
+        .await
+        .expect("no response")
+        .unwrap();
+    read(res).await
+}
+
+fn post_to(uri: &str) -> Request<Body> {
+    Request::post(uri).body(Body::empty()).unwrap()
+}
+
+/// Sends in a task, so the test can go on while the handler runs.
+fn spawn_send(app: &Router, req: Request<Body>) -> tokio::task::JoinHandle<Reply> {
+    let app = app.clone();
+    tokio::spawn(async move { send(&app, req).await })
+}
+
+async fn join(task: tokio::task::JoinHandle<Reply>) -> Reply {
+    timeout(LIMIT, task)
+        .await
+        .expect("request did not finish")
+        .unwrap()
+}
+
+/// Lets handlers report that they started and then wait for the test: the
+/// test receives one `oneshot::Sender` per started handler and sends (or
+/// drops) it to let that handler finish.
+#[derive(Clone)]
+struct Gate {
+    started: mpsc::UnboundedSender<oneshot::Sender<()>>,
+}
+
+struct Gates(mpsc::UnboundedReceiver<oneshot::Sender<()>>);
+
+impl Gate {
+    fn new() -> (Gate, Gates) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Gate { started: tx }, Gates(rx))
+    }
+
+    async fn pass(&self) {
+        let (tx, rx) = oneshot::channel();
+        let _ = self.started.send(tx);
+        let _ = rx.await;
+    }
+}
+
+impl Gates {
+    /// Waits until a handler is inside the gate; the returned sender lets it out.
+    async fn started(&mut self) -> oneshot::Sender<()> {
+        timeout(LIMIT, self.0.recv())
+            .await
+            .expect("the handler did not start")
+            .unwrap()
+    }
+
+    fn none_started(&mut self) -> bool {
+        self.0.try_recv().is_err()
+    }
+}
+
+/// Polls `cond` every 5 ms until it holds or `LIMIT` passes.
+async fn eventually(mut cond: impl AsyncFnMut() -> bool) -> bool {
+    let end = Instant::now() + LIMIT;
+    loop {
+        if cond().await {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Lets every task spawned so far run until it waits on something (on this
+/// current-thread runtime): a release wrongly sent in the background would
+/// have reached the memory store after this. A scheduling step, not a wait
+/// for time.
+async fn settle() {
+    for _ in 0..16 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn lock_key(ns: &str, id: &str) -> LockKey {
+    LockKey::new(ns, id).unwrap()
+}
+
+fn redis_store(server: &RedisServer) -> RedisStore {
+    RedisStore::from_url(&server.url()).unwrap()
+}
+
+fn redis_lock_keys(server: &RedisServer) -> Vec<String> {
+    server
+        .keys()
+        .into_iter()
+        .filter(|k| k.ends_with(":lock"))
+        .collect()
+}
+
+/// Serves `app` on 127.0.0.1 on a free port.
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+fn raw_request(method: &str, path: &str, extra_headers: &str, close: bool) -> String {
+    let conn = if close { "Connection: close\r\n" } else { "" };
+    format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: 0\r\n{extra_headers}{conn}\r\n"
+    )
+}
+
+/// One HTTP/1.1 request on its own connection; returns the status and the
+/// whole raw answer.
+async fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(raw_request(method, path, "", true).as_bytes())
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    timeout(LIMIT, s.read_to_end(&mut buf))
+        .await
+        .expect("no answer")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {text:?}"));
+    (status, text)
+}
+
+/// Flips its flag when dropped: shows that a handler's future was dropped.
+struct DropFlag(Arc<AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 1. Contention: status, Retry-After, problem body
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn contention_answers_409_by_default_and_423_by_choice_with_retry_after_from_the_lease() {
+    // (contention status, lease, wait timeout)
+    let cases = [
+        (None, 30u64, Duration::ZERO),
+        (Some(StatusCode::LOCKED), 5, Duration::ZERO),
+        // A bounded wait that runs out answers like a try-lock.
+        (None, 30, Duration::from_millis(20)),
+    ];
+    for (status, lease_s, wait) in cases {
+        let (gate, mut gates) = Gate::new();
+        let locker = Locker::builder(MemoryStore::new())
+            .lease(Duration::from_secs(lease_s))
+            .wait_timeout(wait)
+            .build()
+            .unwrap();
+        let mut builder = LockLayer::builder(locker, KeyFrom::path_param("id")).namespace("orders");
+        if let Some(status) = status {
+            builder = builder.contention_status(status);
+        }
+        let app = Router::new()
+            .route(
+                "/orders/{id}/capture",
+                post(move || async move {
+                    gate.pass().await;
+                    "captured"
+                }),
+            )
+            .layer(builder.build().unwrap());
+
+        let holder = spawn_send(&app, post_to("/orders/o1/capture"));
+        let let_go = gates.started().await;
+
+        let r = send(&app, post_to("/orders/o1/capture")).await;
+        let v = r.problem(status.unwrap_or(StatusCode::CONFLICT));
+        assert_eq!(v["lock_key"], "orders:o1");
+        // The holder's remaining lease, in whole seconds rounded up. The
+        // watchdog renews every lease/3, so it never falls below 2/3 of it.
+        let after = r.retry_after();
+        assert!(
+            after >= lease_s * 2 / 3 && after <= lease_s,
+            "Retry-After {after} for a lease of {lease_s} s"
+        );
+        assert!(gates.none_started(), "the contender's handler ran");
+
+        let_go.send(()).unwrap();
+        let h = join(holder).await;
+        assert_eq!(h.status, StatusCode::OK, "{}", h.text());
+        assert_eq!(h.text(), "captured");
+        // Released before the answer left: the next request gets the lock.
+        let mut next = spawn_send(&app, post_to("/orders/o1/capture"));
+        tokio::select! {
+            let_go = gates.started() => let_go.send(()).unwrap(),
+            r = &mut next => panic!("the next request did not run: {r:?}"),
+        }
+        assert_eq!(join(next).await.status, StatusCode::OK);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 2. Fencing tokens
+// ---------------------------------------------------------------------------
+
+async fn fencing_handler(guard: LockGuard, Extension(token): Extension<FencingToken>) -> String {
+    format!("{} {}", guard.fencing_token().get(), token.get())
+}
+
+#[tokio::test]
+async fn fencing_token_header_equals_the_extension_and_the_guard() {
+    let app = Router::new()
+        .route("/jobs/{id}", post(fencing_handler))
+        .layer(LockLayer::new(
+            MemoryStore::new(),
+            KeyFrom::path_param("id"),
+        ));
+
+    let mut last = 0;
+    for _ in 0..3 {
+        let r = send(&app, post_to("/jobs/j1")).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let header = r.fencing("fencing-token").expect("no fencing-token header");
+        let text = r.text();
+        let (from_guard, from_ext) = text.split_once(' ').unwrap();
+        assert_eq!(from_guard.parse::<u64>().unwrap(), header);
+        assert_eq!(from_ext.parse::<u64>().unwrap(), header);
+        // Strictly increasing across grants of one key.
+        assert!(header > last, "{header} after {last}");
+        last = header;
+    }
+
+    let custom = Router::new()
+        .route("/jobs/{id}", post(fencing_handler))
+        .layer(
+            LockLayer::builder(Locker::new(MemoryStore::new()), KeyFrom::path_param("id"))
+                .fencing_header(HeaderName::from_static("x-fence"))
+                .build()
+                .unwrap(),
+        );
+    let r = send(&custom, post_to("/jobs/j1")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.headers.get("fencing-token").is_none());
+    let header = r.fencing("x-fence").expect("no x-fence header");
+    assert_eq!(r.text(), format!("{header} {header}"));
+}
+
+// ---------------------------------------------------------------------------
+// 3. Key sources and namespaces
+// ---------------------------------------------------------------------------
+
+/// The lock key the handler saw, for one key source and one request.
+async fn key_seen(key: KeyFrom, route: &str, req: Request<Body>) -> Reply {
+    let app = Router::new()
+        .route(
+            route,
+            post(|guard: LockGuard| async move { guard.key().to_string() }),
+        )
+        .layer(
+            LockLayer::builder(Locker::new(MemoryStore::new()), key)
+                .namespace("ns")
+                .build()
+                .unwrap(),
+        );
+    send(&app, req).await
+}
+
+#[tokio::test]
+async fn every_key_source_finds_its_id() {
+    let cases: Vec<(KeyFrom, &str, Request<Body>, &str)> = vec![
+        (
+            KeyFrom::path(),
+            "/files/{*rest}",
+            post_to("/files/a/b.txt?x=1"),
+            "ns:/files/a/b.txt",
+        ),
+        (
+            KeyFrom::path_param("id"),
+            "/orders/{id}/capture",
+            post_to("/orders/ord_7/capture"),
+            "ns:ord_7",
+        ),
+        (
+            KeyFrom::header(HeaderName::from_static("idempotency-key")),
+            "/pay",
+            Request::post("/pay")
+                .header("idempotency-key", "idem-42")
+                .body(Body::empty())
+                .unwrap(),
+            "ns:idem-42",
+        ),
+        (
+            KeyFrom::query("event"),
+            "/hook",
+            post_to("/hook?x=2&event=evt_9"),
+            "ns:evt_9",
+        ),
+        (
+            KeyFrom::custom(|p| {
+                let tenant = p.headers.get("x-tenant")?.to_str().ok()?;
+                Some(format!("{tenant}-{}", p.method))
+            }),
+            "/t",
+            Request::post("/t")
+                .header("x-tenant", "acme")
+                .body(Body::empty())
+                .unwrap(),
+            "ns:acme-POST",
+        ),
+    ];
+    for (key, route, req, expected) in cases {
+        let what = format!("{key:?}");
+        let r = key_seen(key, route, req).await;
+        assert_eq!(r.status, StatusCode::OK, "{what}: {}", r.text());
+        assert_eq!(r.text(), expected, "{what}");
+    }
+}
+
+#[tokio::test]
+async fn a_json_pointer_key_reads_the_body_and_hands_the_same_bytes_on() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let app = Router::new()
+        .route(
+            "/webhooks/stripe",
+            post(move |guard: LockGuard, body: Bytes| async move {
+                c.fetch_add(1, Ordering::SeqCst);
+                format!(
+                    "{}\n{}",
+                    guard.key(),
+                    String::from_utf8(body.to_vec()).unwrap()
+                )
+            }),
+        )
+        .layer(
+            LockLayer::builder(
+                Locker::new(MemoryStore::new()),
+                KeyFrom::json_pointer("/data/object/id"),
+            )
+            .namespace("stripe")
+            .build()
+            .unwrap(),
+        );
+
+    // Odd spacing and key order: the handler must get these bytes, not a
+    // re-serialisation.
+    let sent = "{ \"type\":\"charge.succeeded\",\n  \"data\" : {\"object\": {\"amount\": 100, \"id\" : \"ch_1\"}} }\n";
+    let r = send(
+        &app,
+        Request::post("/webhooks/stripe")
+            .header(CONTENT_TYPE, "application/json")
+            .body(Body::from(sent))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let text = r.text();
+    let (key, body) = text.split_once('\n').unwrap();
+    assert_eq!(key, "stripe:ch_1");
+    assert_eq!(body, sent);
+
+    // Numbers are ids too.
+    let r = send(
+        &app,
+        Request::post("/webhooks/stripe")
+            .body(Body::from(r#"{"data":{"object":{"id":42}}}"#))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert!(r.text().starts_with("stripe:42\n"), "{}", r.text());
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// `/a/{id}` waits at the gate, `/b/{id}` answers at once; one layer.
+fn two_routes(namespace: Option<&str>, gate: Gate) -> Router {
+    let mut builder =
+        LockLayer::builder(Locker::new(MemoryStore::new()), KeyFrom::path_param("id"));
+    if let Some(ns) = namespace {
+        builder = builder.namespace(ns);
+    }
+    Router::new()
+        .route(
+            "/a/{id}",
+            post(move || async move {
+                gate.pass().await;
+                "a"
+            }),
+        )
+        .route(
+            "/b/{id}",
+            post(|guard: LockGuard| async move { guard.key().to_string() }),
+        )
+        .layer(builder.build().unwrap())
+}
+
+#[tokio::test]
+async fn routes_under_one_layer_do_not_contend_unless_they_share_a_namespace() {
+    // Default namespace: the matched route.
+    let (gate, mut gates) = Gate::new();
+    let app = two_routes(None, gate);
+    let holder = spawn_send(&app, post_to("/a/1"));
+    let let_go = gates.started().await;
+    let same_route = send(&app, post_to("/a/1")).await;
+    let v = same_route.problem(StatusCode::CONFLICT);
+    assert!(v["lock_key"].as_str().unwrap().ends_with(":1"), "{v}");
+    let other_route = send(&app, post_to("/b/1")).await;
+    assert_eq!(other_route.status, StatusCode::OK, "{}", other_route.text());
+    // Its own namespace, derived from its route template.
+    let text = other_route.text();
+    let (ns, id) = text.rsplit_once(':').unwrap();
+    assert_eq!(id, "1");
+    assert!(ns.contains('b') && ns != "x", "{text}");
+    let_go.send(()).unwrap();
+    assert_eq!(join(holder).await.status, StatusCode::OK);
+
+    // One namespace on both routes: they exclude each other.
+    let (gate, mut gates) = Gate::new();
+    let app = two_routes(Some("x"), gate);
+    let holder = spawn_send(&app, post_to("/a/1"));
+    let let_go = gates.started().await;
+    let other_route = send(&app, post_to("/b/1")).await;
+    let v = other_route.problem(StatusCode::CONFLICT);
+    assert_eq!(v["lock_key"], "x:1");
+    // A different id still runs.
+    let other_id = send(&app, post_to("/b/2")).await;
+    assert_eq!(other_id.text(), "x:2");
+    let_go.send(()).unwrap();
+    assert_eq!(join(holder).await.status, StatusCode::OK);
+    let after = send(&app, post_to("/b/1")).await;
+    assert_eq!(after.text(), "x:1");
+}
+
+// ---------------------------------------------------------------------------
+// 4. Bodies: limits and bad JSON
+// ---------------------------------------------------------------------------
+
+/// A body of `chunks` chunks of `chunk` bytes that counts the bytes pulled.
+fn counted_body(chunks: usize, chunk: usize, pulled: Arc<AtomicUsize>) -> Body {
+    let stream = futures_util::stream::iter(0..chunks).map(move |i| {
+        pulled.fetch_add(chunk, Ordering::SeqCst);
+        // `{"id":"x", "pad":"aaaa...` : valid JSON start, never finished.
+        let bytes = if i == 0 {
+            let mut v = br#"{"id":"x","pad":""#.to_vec();
+            v.resize(chunk, b'a');
+            v
+        } else {
+            vec![b'a'; chunk]
+        };
+        Ok::<_, Infallible>(Bytes::from(bytes))
+    });
+    Body::from_stream(stream)
+}
+
+#[tokio::test]
+async fn body_keys_are_read_within_the_limit_and_bad_bodies_never_reach_the_handler() {
+    const LIMIT_BYTES: usize = 1024;
+    const CHUNK: usize = 512;
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let app = Router::new()
+        .route(
+            "/hook",
+            post(move |body: Bytes| async move {
+                c.fetch_add(1, Ordering::SeqCst);
+                format!("{} bytes", body.len())
+            }),
+        )
+        .layer(
+            LockLayer::builder(
+                Locker::new(MemoryStore::new()),
+                KeyFrom::json_pointer("/id"),
+            )
+            .body_limit(LIMIT_BYTES)
+            .build()
+            .unwrap(),
+        );
+
+    // Within the limit: runs (shows that the handler counter counts).
+    let ok = send(
+        &app,
+        Request::post("/hook")
+            .body(Body::from(r#"{"id":"a"}"#))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.text());
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // Declared too large: refused before a byte is read.
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let total = 4 * CHUNK;
+    let r = send(
+        &app,
+        Request::post("/hook")
+            .header(http::header::CONTENT_LENGTH, total.to_string())
+            .body(counted_body(4, CHUNK, pulled.clone()))
+            .unwrap(),
+    )
+    .await;
+    r.problem(StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        pulled.load(Ordering::SeqCst),
+        0,
+        "read a body it had to refuse"
+    );
+
+    // Streamed, no Content-Length, far larger than the limit: refused after
+    // reading at most the limit plus one chunk.
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let chunks = 1024; // 512 KiB
+    let r = send(
+        &app,
+        Request::post("/hook")
+            .body(counted_body(chunks, CHUNK, pulled.clone()))
+            .unwrap(),
+    )
+    .await;
+    r.problem(StatusCode::PAYLOAD_TOO_LARGE);
+    let n = pulled.load(Ordering::SeqCst);
+    assert!(
+        n > 0 && n <= LIMIT_BYTES + CHUNK,
+        "pulled {n} of {} bytes with a limit of {LIMIT_BYTES}",
+        chunks * CHUNK
+    );
+
+    // Not JSON.
+    let r = send(
+        &app,
+        Request::post("/hook")
+            .body(Body::from("{not json"))
+            .unwrap(),
+    )
+    .await;
+    r.problem(StatusCode::BAD_REQUEST);
+
+    // JSON without the field.
+    let r = send(
+        &app,
+        Request::post("/hook")
+            .body(Body::from(r#"{"other":1}"#))
+            .unwrap(),
+    )
+    .await;
+    let v = r.problem(StatusCode::BAD_REQUEST);
+    assert!(v["detail"].as_str().unwrap().contains("/id"), "{v}");
+
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the handler ran on a refused request"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 5. Missing key; 6. missing layer
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_missing_key_is_400_by_default_and_runs_unlocked_with_pass_through() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let handler = {
+        let calls = calls.clone();
+        move |guard: Option<LockGuard>| async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            match guard {
+                Some(g) => format!("locked {}", g.key()),
+                None => "unlocked".to_owned(),
+            }
+        }
+    };
+    let key = || KeyFrom::header(HeaderName::from_static("idempotency-key"));
+    let reject = Router::new().route("/pay", post(handler.clone())).layer(
+        LockLayer::builder(Locker::new(MemoryStore::new()), key())
+            .namespace("pay")
+            .build()
+            .unwrap(),
+    );
+    let pass = Router::new().route("/pay", post(handler)).layer(
+        LockLayer::builder(Locker::new(MemoryStore::new()), key())
+            .namespace("pay")
+            .on_missing_key(OnMissingKey::PassThrough)
+            .build()
+            .unwrap(),
+    );
+
+    let r = send(&reject, post_to("/pay")).await;
+    let v = r.problem(StatusCode::BAD_REQUEST);
+    assert!(
+        v["detail"].as_str().unwrap().contains("idempotency-key"),
+        "{v}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+
+    let r = send(&pass, post_to("/pay")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.text(), "unlocked");
+    assert!(r.headers.get("fencing-token").is_none());
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // With a key, pass-through still locks.
+    let with_key = Request::post("/pay")
+        .header("idempotency-key", "k1")
+        .body(Body::empty())
+        .unwrap();
+    let r = send(&pass, with_key).await;
+    assert_eq!(r.text(), "locked pay:k1");
+    assert!(r.fencing("fencing-token").is_some());
+}
+
+#[tokio::test]
+async fn the_guard_extractor_without_the_layer_is_a_500_naming_the_layer() {
+    let app = Router::new().route("/x", get(|_g: LockGuard| async { "unreachable" }));
+    let r = send(&app, Request::get("/x").body(Body::empty()).unwrap()).await;
+    let v = r.problem(StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(v["detail"].as_str().unwrap().contains("LockLayer"), "{v}");
+}
+
+// ---------------------------------------------------------------------------
+// 7. Redis down
+// ---------------------------------------------------------------------------
+
+// Multi-threaded: the support's Redis calls block their thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_fails_closed_with_503_or_open_by_choice() {
+    let mut server = RedisServer::start();
+    let locker = Locker::new(redis_store(&server));
+    let calls = Arc::new(AtomicU32::new(0));
+    let handler = {
+        let calls = calls.clone();
+        move |guard: Option<LockGuard>| async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            if guard.is_some() {
+                "locked"
+            } else {
+                "unlocked"
+            }
+        }
+    };
+    let closed = Router::new()
+        .route("/jobs/{id}", post(handler.clone()))
+        .layer(
+            LockLayer::builder(locker.clone(), KeyFrom::path_param("id"))
+                .namespace("jobs")
+                .build()
+                .unwrap(),
+        );
+    let open = Router::new().route("/jobs/{id}", post(handler)).layer(
+        LockLayer::builder(locker, KeyFrom::path_param("id"))
+            .namespace("jobs")
+            .on_store_error(OnStoreError::FailOpen)
+            .build()
+            .unwrap(),
+    );
+
+    // Up: both lock.
+    for app in [&closed, &open] {
+        let r = send(app, post_to("/jobs/a")).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert_eq!(r.text(), "locked");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    server.stop();
+    let r = send(&closed, post_to("/jobs/a")).await;
+    r.problem(StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.retry_after() >= 1);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the handler ran without a lock"
+    );
+
+    let r = send(&open, post_to("/jobs/a")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.text(), "unlocked");
+    assert!(r.headers.get("fencing-token").is_none());
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+// ---------------------------------------------------------------------------
+// 8. Concurrent duplicates; 9. different keys
+// ---------------------------------------------------------------------------
+
+/// `total` requests on one key from `clients` concurrent tasks, each waiting
+/// for the lock; the handler records overlaps and fencing tokens.
+async fn hammer_one_key<St: LockStore>(store: St, total: usize, clients: usize) {
+    let locker = Locker::builder(store)
+        .wait_timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let in_flight = Arc::new(AtomicU32::new(0));
+    let overlaps = Arc::new(AtomicU32::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::with_capacity(total)));
+    let handler = {
+        let (in_flight, overlaps, tokens) = (in_flight.clone(), overlaps.clone(), tokens.clone());
+        move |guard: LockGuard| async move {
+            if in_flight.fetch_add(1, Ordering::SeqCst) != 0 {
+                overlaps.fetch_add(1, Ordering::SeqCst);
+            }
+            tokens.lock().unwrap().push(guard.fencing_token().get());
+            // Give any other request the chance to come in.
+            for _ in 0..3 {
+                tokio::task::yield_now().await;
+            }
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            "done"
+        }
+    };
+    let app = Router::new()
+        .route("/orders/{id}/capture", post(handler))
+        .layer(
+            LockLayer::builder(locker, KeyFrom::path_param("id"))
+                .namespace("orders")
+                .build()
+                .unwrap(),
+        );
+
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let app = app.clone();
+        let n = total / clients + usize::from(c < total % clients);
+        tasks.push(tokio::spawn(async move {
+            let mut statuses = Vec::with_capacity(n);
+            for _ in 0..n {
+                let res = app
+                    .clone()
+                    .oneshot(post_to("/orders/o1/capture"))
+                    .await
+                    .unwrap();
+                statuses.push(res.status());
+            }
+            statuses
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        let statuses = timeout(Duration::from_secs(60), t)
+            .await
+            .expect("the requests did not finish")
+            .unwrap();
+        for s in statuses {
+            assert_eq!(s, StatusCode::OK);
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, total);
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "two holders ran at once"
+    );
+    let tokens = tokens.lock().unwrap();
+    assert_eq!(tokens.len(), total);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens not strictly increasing in grant order"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_duplicates_run_one_at_a_time_memory() {
+    hammer_one_key(MemoryStore::new(), 2_000, 32).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_duplicates_run_one_at_a_time_redis() {
+    let server = RedisServer::start();
+    hammer_one_key(redis_store(&server), 1_000, 32).await;
+    assert!(redis_lock_keys(&server).is_empty());
+}
+
+#[tokio::test]
+async fn different_keys_run_in_parallel() {
+    let barrier = Arc::new(Barrier::new(2));
+    let app = Router::new()
+        .route(
+            "/jobs/{id}",
+            post(move || async move {
+                match timeout(LIMIT, barrier.wait()).await {
+                    Ok(_) => (StatusCode::OK, "met"),
+                    Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "alone"),
+                }
+            }),
+        )
+        .layer(LockLayer::new(
+            MemoryStore::new(),
+            KeyFrom::path_param("id"),
+        ));
+    let a = spawn_send(&app, post_to("/jobs/a"));
+    let b = spawn_send(&app, post_to("/jobs/b"));
+    for r in [join(a).await, join(b).await] {
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert_eq!(r.text(), "met");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 10. Client disconnect; 11. panic
+// ---------------------------------------------------------------------------
+
+/// `POST /jobs/{id}`: with `x-block: 1` the handler reports that it started
+/// and then never finishes; without it, it answers at once.
+fn blocking_app<St: LockStore>(locker: Locker<St>) -> (Router, mpsc::UnboundedReceiver<()>) {
+    let (started, rx) = mpsc::unbounded_channel();
+    let app = Router::new()
+        .route(
+            "/jobs/{id}",
+            post(move |headers: HeaderMap| async move {
+                if headers.contains_key("x-block") {
+                    let _ = started.send(());
+                    std::future::pending::<()>().await;
+                }
+                "done"
+            }),
+        )
+        .layer(
+            LockLayer::builder(locker, KeyFrom::path_param("id"))
+                .namespace("jobs")
+                .build()
+                .unwrap(),
+        );
+    (app, rx)
+}
+
+/// Blocks a handler over TCP, hangs up, and waits until `is_locked` says the
+/// lock is gone and a new request on the key succeeds.
+async fn hang_up_mid_handler<St: LockStore>(locker: Locker<St>, is_locked: impl Fn() -> bool) {
+    let (app, mut started) = blocking_app(locker);
+    let addr = serve(app).await;
+
+    let mut client = TcpStream::connect(addr).await.unwrap();
+    client
+        .write_all(raw_request("POST", "/jobs/a", "x-block: 1\r\n", false).as_bytes())
+        .await
+        .unwrap();
+    timeout(LIMIT, started.recv())
+        .await
+        .expect("the handler did not start")
+        .unwrap();
+    assert!(is_locked(), "the lock is not held while the handler runs");
+    let (status, text) = http(addr, "POST", "/jobs/a").await;
+    assert_eq!(status, 409, "{text}");
+
+    drop(client);
+    assert!(
+        eventually(async || !is_locked()).await,
+        "the lock outlived the client's connection"
+    );
+    let mut last = String::new();
+    let ok = eventually(async || {
+        let (status, text) = http(addr, "POST", "/jobs/a").await;
+        last = text;
+        status == 200
+    })
+    .await;
+    assert!(ok, "the key stayed locked after the client left: {last}");
+}
+
+#[tokio::test]
+async fn client_disconnect_mid_handler_releases_the_lock_memory() {
+    let store = MemoryStore::new();
+    let key = lock_key("jobs", "a");
+    let probe = store.clone();
+    hang_up_mid_handler(Locker::new(store), move || probe.is_locked(&key)).await;
+}
+
+// Multi-threaded: the support's Redis calls block their thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_mid_handler_releases_the_lock_redis() {
+    let server = RedisServer::start();
+    // The default 30 s lease: the key can only go away by being released.
+    let locker = Locker::new(redis_store(&server));
+    hang_up_mid_handler(locker, || !redis_lock_keys(&server).is_empty()).await;
+    assert!(eventually(async || redis_lock_keys(&server).is_empty()).await);
+}
+
+#[tokio::test]
+async fn a_panicking_handler_releases_the_lock() {
+    let store = MemoryStore::new();
+    let key = lock_key("jobs", "a");
+
+    // An axum handler, in a task: the JoinHandle reports the panic.
+    let panics = Arc::new(AtomicU32::new(0));
+    let p = panics.clone();
+    let app = Router::new()
+        .route(
+            "/jobs/{id}",
+            post(move |headers: HeaderMap| async move {
+                if headers.contains_key("x-panic") {
+                    p.fetch_add(1, Ordering::SeqCst);
+                    panic!("handler panicked on purpose");
+                }
+                "done"
+            }),
+        )
+        .layer(
+            LockLayer::builder(Locker::new(store.clone()), KeyFrom::path_param("id"))
+                .namespace("jobs")
+                .build()
+                .unwrap(),
+        );
+    let req = Request::post("/jobs/a")
+        .header("x-panic", "1")
+        .body(Body::empty())
+        .unwrap();
+    let task = tokio::spawn(app.clone().oneshot(req));
+    let err = timeout(LIMIT, task).await.unwrap().unwrap_err();
+    assert!(err.is_panic());
+    assert_eq!(panics.load(Ordering::SeqCst), 1);
+    assert!(
+        eventually(async || send(&app, post_to("/jobs/a")).await.status == StatusCode::OK).await,
+        "the key stayed locked after the handler panicked"
+    );
+    assert!(!store.is_locked(&key));
+
+    // A tower service, under `catch_unwind`.
+    let svc = LockLayer::builder(Locker::new(store.clone()), KeyFrom::path())
+        .namespace("svc")
+        .build()
+        .unwrap()
+        .layer(tower::service_fn(|req: Request<Body>| async move {
+            if req.headers().contains_key("x-panic") {
+                panic!("service panicked on purpose");
+            }
+            Ok::<_, Infallible>(Response::new(Body::from("fine")))
+        }));
+    let req = Request::post("/s")
+        .header("x-panic", "1")
+        .body(Body::empty())
+        .unwrap();
+    let caught = std::panic::AssertUnwindSafe(svc.clone().oneshot(req))
+        .catch_unwind()
+        .await;
+    assert!(caught.is_err(), "the service did not panic");
+    let svc_key = lock_key("svc", "/s");
+    assert!(
+        eventually(async || {
+            let res = svc.clone().oneshot(post_to("/s")).await.unwrap();
+            res.status() == StatusCode::OK
+        })
+        .await,
+        "the key stayed locked after the service panicked"
+    );
+    assert!(!store.is_locked(&svc_key));
+}
+
+// ---------------------------------------------------------------------------
+// 12. Lock loss
+// ---------------------------------------------------------------------------
+
+// Multi-threaded: the support's Redis calls block their thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_lock_aborts_the_handler_with_503_when_asked() {
+    let server = RedisServer::start();
+    let locker = Locker::builder(redis_store(&server))
+        .lease(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let app = Router::new()
+        .route(
+            "/jobs/{id}",
+            post({
+                let dropped = dropped.clone();
+                move || async move {
+                    let _flag = DropFlag(dropped);
+                    let _ = started_tx.send(());
+                    std::future::pending::<()>().await;
+                    "finished"
+                }
+            }),
+        )
+        .layer(
+            LockLayer::builder(locker, KeyFrom::path_param("id"))
+                .namespace("jobs")
+                .on_lock_lost(OnLockLost::Abort)
+                .build()
+                .unwrap(),
+        );
+
+    let task = spawn_send(&app, post_to("/jobs/a"));
+    timeout(LIMIT, started.recv()).await.unwrap().unwrap();
+    // Renewed every lease/3: the key stays until we delete it.
+    assert_eq!(redis_lock_keys(&server), vec!["trl:{jobs:a}:lock"]);
+    assert!(!dropped.load(Ordering::SeqCst));
+    assert_eq!(server.cmd(&["DEL", "trl:{jobs:a}:lock"]).as_int(), Some(1));
+
+    let r = join(task).await;
+    let v = r.problem(StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(v["lock_key"], "jobs:a", "{v}");
+    assert!(r.retry_after() >= 1);
+    assert!(r.headers.get("fencing-token").is_none());
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the handler's future was not dropped"
+    );
+    assert!(redis_lock_keys(&server).is_empty());
+}
+
+// Multi-threaded: the support's Redis calls block their thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_lock_reaches_a_handler_that_keeps_running() {
+    let server = RedisServer::start();
+    let locker = Locker::builder(redis_store(&server))
+        .lease(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let app = Router::new()
+        .route(
+            "/jobs/{id}",
+            post(move |guard: LockGuard| async move {
+                let _ = started_tx.send(());
+                let lost = timeout(LIMIT, guard.lost()).await.is_ok();
+                format!("lost={lost} held={}", guard.is_held())
+            }),
+        )
+        .layer(
+            LockLayer::builder(locker, KeyFrom::path_param("id"))
+                .namespace("jobs")
+                .build()
+                .unwrap(),
+        );
+
+    let task = spawn_send(&app, post_to("/jobs/b"));
+    timeout(LIMIT, started.recv()).await.unwrap().unwrap();
+    assert_eq!(server.cmd(&["DEL", "trl:{jobs:b}:lock"]).as_int(), Some(1));
+    let r = join(task).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.text(), "lost=true held=false");
+}
+
+// ---------------------------------------------------------------------------
+// 13. Service contract
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn poll_ready_forwards_the_inner_readiness_and_call_uses_the_ready_service() {
+    let store = MemoryStore::new();
+    let layer = LockLayer::builder(
+        Locker::new(store.clone()),
+        KeyFrom::header(HeaderName::from_static("idempotency-key")),
+    )
+    .namespace("mock")
+    .build()
+    .unwrap();
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let mut svc = tower_test::mock::Spawn::new(layer.layer(mock));
+
+    // Inner not ready: neither are we, and no lock is taken to find out.
+    handle.allow(0);
+    assert!(svc.poll_ready::<Request<Body>>().is_pending());
+    assert_eq!(store.held_count(), 0);
+    // Inner ready: we are woken and ready.
+    handle.allow(1);
+    assert!(svc.is_woken());
+    assert!(matches!(
+        svc.poll_ready::<Request<Body>>(),
+        Poll::Ready(Ok(()))
+    ));
+    assert_eq!(store.held_count(), 0);
+
+    // The mock panics if `call` reaches a clone that was not made ready.
+    let req = Request::post("/x")
+        .header("idempotency-key", "k1")
+        .body(Body::empty())
+        .unwrap();
+    let fut = tokio::spawn(svc.call(req));
+    let (req, respond) = timeout(LIMIT, handle.next_request())
+        .await
+        .expect("the inner service was not called")
+        .unwrap();
+    let guard = req.extensions().get::<LockGuard>().cloned().unwrap();
+    let token = *req.extensions().get::<FencingToken>().unwrap();
+    assert_eq!(guard.key().as_str(), "mock:k1");
+    assert_eq!(guard.fencing_token(), token);
+    assert!(store.is_locked(guard.key()));
+    drop(guard);
+    // The allowance was used by that call: the service left in place is not
+    // ready until the inner one is.
+    assert!(svc.poll_ready::<Request<Body>>().is_pending());
+
+    respond.send_response(Response::new(Body::from("inner")));
+    let res = timeout(LIMIT, fut).await.unwrap().unwrap().unwrap();
+    let r = read(res).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.text(), "inner");
+    assert_eq!(r.fencing("fencing-token"), Some(token.get()));
+    assert!(!store.is_locked(&lock_key("mock", "k1")));
+
+    // Inner errors on readiness are forwarded as they are.
+    handle.send_error("inner broke");
+    match svc.poll_ready::<Request<Body>>() {
+        Poll::Ready(Err(e)) => assert_eq!(e.to_string(), "inner broke"),
+        other => panic!("expected the inner error, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 14. Configuration errors
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn bad_settings_are_config_errors() {
+    let builder = || LockLayer::builder(Locker::new(MemoryStore::new()), KeyFrom::path());
+    let err = builder()
+        .contention_status(StatusCode::OK)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting(), "contention_status");
+    let err = builder()
+        .contention_status(StatusCode::SERVICE_UNAVAILABLE)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting(), "contention_status");
+    assert!(
+        builder()
+            .contention_status(StatusCode::LOCKED)
+            .build()
+            .is_ok()
+    );
+    assert!(
+        builder()
+            .contention_status(StatusCode::CONFLICT)
+            .build()
+            .is_ok()
+    );
+
+    for ns in ["", "a b", "a:b", "a{b}", &"n".repeat(65)] {
+        let err = builder().namespace(ns).build().unwrap_err();
+        assert_eq!(err.setting(), "namespace", "{ns:?}");
+    }
+    assert!(builder().namespace("orders/v2.capture-x_1").build().is_ok());
+
+    let err = builder()
+        .hold_until_body_end(true)
+        .on_lock_lost(OnLockLost::Abort)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting(), "on_lock_lost");
+    assert!(builder().hold_until_body_end(true).build().is_ok());
+    assert!(builder().on_lock_lost(OnLockLost::Abort).build().is_ok());
+
+    assert_eq!(
+        builder().body_limit(0).build().unwrap_err().setting(),
+        "body_limit"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 15. Holding the lock until the response body ends
+// ---------------------------------------------------------------------------
+
+/// `GET /feed/{id}` answers with a body the test feeds through the sender
+/// it receives (one per request that ran).
+fn streaming_app(hold: bool) -> (Router, mpsc::UnboundedReceiver<mpsc::Sender<Bytes>>) {
+    let (senders_tx, senders) = mpsc::unbounded_channel();
+    let app = Router::new()
+        .route(
+            "/feed/{id}",
+            get(move || async move {
+                let (tx, rx) = mpsc::channel::<Bytes>(1);
+                let _ = senders_tx.send(tx);
+                let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+                    rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+                });
+                Body::from_stream(stream)
+            }),
+        )
+        .layer(
+            LockLayer::builder(Locker::new(MemoryStore::new()), KeyFrom::path_param("id"))
+                .namespace("feed")
+                .hold_until_body_end(hold)
+                .build()
+                .unwrap(),
+        );
+    (app, senders)
+}
+
+fn feed() -> Request<Body> {
+    Request::get("/feed/f1").body(Body::empty()).unwrap()
+}
+
+/// A request that must find the feed locked.
+async fn assert_feed_locked(app: &Router) {
+    let res = head(app).await;
+    assert_eq!(
+        res.status(),
+        StatusCode::CONFLICT,
+        "the feed was not locked"
+    );
+    read(res).await.problem(StatusCode::CONFLICT);
+}
+
+async fn head(app: &Router) -> Response<Body> {
+    timeout(LIMIT, app.clone().oneshot(feed()))
+        .await
+        .expect("no response head")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn hold_until_body_end_keeps_the_lock_while_the_body_streams() {
+    let (app, mut senders) = streaming_app(true);
+
+    let first = head(&app).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let tx = senders.try_recv().expect("the handler did not run");
+    // Head sent, body not ended: still locked.
+    settle().await;
+    assert_feed_locked(&app).await;
+    assert!(senders.try_recv().is_err(), "a second handler ran");
+
+    // A first chunk out, more to come: still locked.
+    let mut first = first.into_body();
+    tx.send(Bytes::from_static(b"chunk")).await.unwrap();
+    let frame = timeout(LIMIT, first.frame())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(frame.into_data().unwrap(), "chunk");
+    settle().await;
+    assert_feed_locked(&app).await;
+
+    // The body ends (and stays alive): the lock goes, in the background.
+    drop(tx);
+    assert!(timeout(LIMIT, first.frame()).await.unwrap().is_none());
+    let mut held_body = None;
+    assert!(
+        eventually(async || {
+            let res = head(&app).await;
+            let ok = res.status() == StatusCode::OK;
+            if ok {
+                held_body = Some(res);
+            }
+            ok
+        })
+        .await,
+        "still locked after the body ended"
+    );
+    drop(first);
+    let _tx = senders.try_recv().expect("the handler did not run");
+
+    // A body dropped before its end (client gone) releases too.
+    assert_feed_locked(&app).await;
+    drop(held_body);
+    assert!(
+        eventually(async || {
+            let res = head(&app).await;
+            res.status() == StatusCode::OK
+        })
+        .await,
+        "still locked after the body was dropped"
+    );
+}
+
+#[tokio::test]
+async fn without_hold_until_body_end_the_lock_goes_with_the_head() {
+    let (app, mut senders) = streaming_app(false);
+    let first = head(&app).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let _tx = senders.try_recv().expect("the handler did not run");
+    let second = head(&app).await;
+    assert_eq!(second.status(), StatusCode::OK);
+}
