@@ -203,27 +203,30 @@ async fn run() -> Result<(), Failure> {
         Some(url) => {
             let store = RedisStore::from_url(url)
                 .map_err(|e| Failure::Usage(format!("REDIS_URL is not valid: {e}")))?;
+            let locker = settings.locker(store).map_err(Failure::Usage)?;
             println!("store: Redis at {}", redact(url));
-            serve(&settings, store).await
+            serve(settings.port, locker).await
         }
         None => {
+            let locker = settings
+                .locker(MemoryStore::new())
+                .map_err(Failure::Usage)?;
             println!("store: in-memory (set REDIS_URL to use Redis)");
-            serve(&settings, MemoryStore::new()).await
+            serve(settings.port, locker).await
         }
     }
 }
 
-async fn serve<St: LockStore>(settings: &Settings, store: St) -> Result<(), Failure> {
-    let locker = settings.locker(store).map_err(Failure::Usage)?;
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, settings.port));
+async fn serve<St: LockStore>(port: u16, locker: Locker<St>) -> Result<(), Failure> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| Failure::Runtime(format!("cannot listen on {addr}: {e}")))?;
     let local = listener.local_addr().unwrap_or(addr);
     println!(
         "lease {} ms, wait {} ms; listening on http://{local}",
-        settings.lease.as_millis(),
-        settings.wait.as_millis()
+        locker.lease().as_millis(),
+        locker.wait_timeout().as_millis()
     );
     println!("try: curl -i -X POST 'http://{local}/jobs/42?work_ms=5000'");
     axum::serve(listener, app(locker))

@@ -177,6 +177,21 @@ where
         Err(e) => return Ok(reject(Problem::from_error(&e, c.contention), None)),
     };
 
+    // Re-entry: an enclosing lock layer already holds this very key for this
+    // request (nested locked routes or services). Run under its lock, with
+    // its fencing token; the outer layer releases. Waiting for our own lock
+    // would deadlock.
+    if let Some(outer) = req.extensions().get::<LockGuard>()
+        && outer.key() == &key
+        && outer.is_held()
+    {
+        let token = outer.fencing_token();
+        let mut res = inner.call(req).await?;
+        res.headers_mut()
+            .insert(c.header.clone(), HeaderValue::from(token.get()));
+        return Ok(res.map(|b| ResponseBody::inner(b, None)));
+    }
+
     // 2. The lock, or the completed record.
     let taken = match &c.idempotency {
         Some(_) => {

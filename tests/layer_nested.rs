@@ -1,0 +1,85 @@
+//! Nested lock layers on the same key re-enter instead of deadlocking.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::post;
+use http::{Request, StatusCode};
+use tower::ServiceExt;
+use tower_redis_lock::{FencingToken, KeyFrom, LockGuard, LockLayer, Locker, MemoryStore};
+
+async fn token(guard: LockGuard, fencing: axum::Extension<FencingToken>) -> String {
+    assert_eq!(guard.fencing_token(), fencing.0);
+    guard.fencing_token().to_string()
+}
+
+fn layer(store: &MemoryStore, wait: Duration) -> LockLayer<MemoryStore> {
+    let locker = Locker::builder(store.clone())
+        .wait_timeout(wait)
+        .build()
+        .unwrap();
+    LockLayer::builder(locker, KeyFrom::path_param("id"))
+        .namespace("orders")
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_inner_layer_on_the_same_key_runs_under_the_outer_lock() {
+    let store = MemoryStore::new();
+    // The inner layer would wait 5 s for a lock held by the outer one if it
+    // did not re-enter; with try-lock it would answer 409.
+    let app = Router::new()
+        .route("/orders/{id}", post(token))
+        .layer(layer(&store, Duration::ZERO))
+        .layer(layer(&store, Duration::ZERO));
+    let res = app
+        .clone()
+        .oneshot(Request::post("/orders/7").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let header = res.headers()["fencing-token"].to_str().unwrap().to_owned();
+    let body = axum::body::to_bytes(res.into_body(), 1024).await.unwrap();
+    assert_eq!(header.as_bytes(), &body[..], "one token for both layers");
+    // Released once, by the outer layer.
+    assert_eq!(store.held_count(), 0);
+    let again = app
+        .oneshot(Request::post("/orders/7").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn layers_on_different_namespaces_still_lock_separately() {
+    let store = MemoryStore::new();
+    let other = LockLayer::builder(Locker::new(store.clone()), KeyFrom::path_param("id"))
+        .namespace("invoices")
+        .build()
+        .unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(0usize));
+    let seen2 = seen.clone();
+    let app = Router::new()
+        .route(
+            "/orders/{id}",
+            post(move |guard: LockGuard| async move {
+                *seen2.lock().unwrap() = 2;
+                guard.key().to_string()
+            }),
+        )
+        .layer(other)
+        .layer(layer(&store, Duration::ZERO));
+    let probe = store.clone();
+    let res = app
+        .oneshot(Request::post("/orders/9").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let body = axum::body::to_bytes(res.into_body(), 1024).await.unwrap();
+    // The handler sees the innermost guard.
+    assert_eq!(&body[..], b"invoices:9");
+    assert_eq!(*seen.lock().unwrap(), 2);
+    assert_eq!(probe.held_count(), 0);
+}
