@@ -29,6 +29,7 @@ pub use locker::{
 pub use record::Record;
 pub use store::{
     AcquireOutcome, LockStore, ReleaseWatch, Renewal, memory::MemoryStore, redis::RedisStore,
+    redis::ReplicaShortfall, redlock::RedlockStore,
 };
 pub use token::{FencingToken, OwnerToken};
 

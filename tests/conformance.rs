@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tower_redis_lock::{
     AcquireOutcome, Error, LockKey, LockStore, Locker, MemoryStore, OwnerToken, RedisStore,
+    RedlockStore,
 };
 
 fn key(id: &str) -> LockKey {
@@ -48,6 +49,20 @@ fn redis_fixture() -> (RedisStore, support::RedisServer) {
     let server = support::RedisServer::start();
     let store = RedisStore::from_url(&server.url()).unwrap();
     (store, server)
+}
+
+fn redlock_fixture() -> (RedlockStore, Vec<support::RedisServer>) {
+    let servers: Vec<_> = (0..3).map(|_| support::RedisServer::start()).collect();
+    let nodes = servers
+        .iter()
+        .map(|s| {
+            RedisStore::from_url(&s.url())
+                .unwrap()
+                .with_command_timeout(Duration::from_millis(500))
+                .unwrap()
+        })
+        .collect();
+    (RedlockStore::new(nodes).unwrap(), servers)
 }
 
 macro_rules! conformance {
@@ -487,3 +502,4 @@ macro_rules! conformance {
 
 conformance!(memory, memory_fixture);
 conformance!(redis, redis_fixture);
+conformance!(redlock, redlock_fixture);

@@ -28,6 +28,7 @@ use crate::{Error, FencingToken, LockKey, OwnerToken};
 
 pub mod memory;
 pub mod redis;
+pub mod redlock;
 
 /// What an acquire attempt found.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -47,6 +47,17 @@ return {1, token}
 "#;
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_SRC));
 
+// KEYS[1] fence counter; ARGV[1] token, ARGV[2] retention ms
+// Raises the counter to at least the token (Redlock write-back).
+const RAISE_FENCE_SRC: &str = r#"
+local cur = tonumber(redis.call('GET', KEYS[1]))
+if not cur or cur < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+return 1
+"#;
+static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_SRC));
+
 // KEYS[1] lock, KEYS[2] record
 // ARGV[1] owner, ARGV[2] record, ARGV[3] retention ms, ARGV[4] release channel
 // -> 1 stored and released, 0 not owner (nothing stored)
@@ -55,7 +66,7 @@ local cur = redis.call('GET', KEYS[1])
 if cur and string.sub(cur, 1, 32) == ARGV[1] then
   redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[4], '')
+  if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], '') end
   return 1
 end
 return 0
@@ -77,7 +88,7 @@ const RELEASE_SRC: &str = r#"
 local cur = redis.call('GET', KEYS[1])
 if cur and string.sub(cur, 1, 32) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], '')
+  if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], '') end
   return 1
 end
 return 0
@@ -120,16 +131,102 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    pool: deadpool_redis::Pool,
-    conn: Mutex<Option<MultiplexedConnection>>,
+    source: Source,
+    conn: Mutex<Option<Conn>>,
     /// Held while a new connection is checked out, so a burst of requests
     /// after a disconnect opens one connection, not one each.
     connecting: tokio::sync::Mutex<()>,
     prefix: String,
     fence_retention_ms: u64,
     timeout: Duration,
-    pubsub_client: Option<redis::Client>,
+    pubsub: Option<PubSubSource>,
+    wait_replicas: Option<WaitReplicas>,
     notifier: OnceLock<Notifier>,
+}
+
+/// Where command connections come from.
+#[derive(Clone)]
+enum Source {
+    Pool(deadpool_redis::Pool),
+    Sentinel(Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
+    Cluster(Box<redis::cluster::ClusterClient>),
+}
+
+/// Where the pub/sub connection comes from (re-resolved on reconnect, so it
+/// follows a Sentinel failover).
+#[derive(Clone)]
+enum PubSubSource {
+    Client(redis::Client),
+    Sentinel(Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
+}
+
+impl PubSubSource {
+    async fn client(&self) -> Result<redis::Client, RedisError> {
+        match self {
+            PubSubSource::Client(c) => Ok(c.clone()),
+            PubSubSource::Sentinel(s) => s.lock().await.async_get_client().await,
+        }
+    }
+}
+
+/// `WAIT numreplicas timeout` after each grant.
+#[derive(Debug, Clone, Copy)]
+struct WaitReplicas {
+    replicas: u32,
+    timeout: Duration,
+    on_shortfall: ReplicaShortfall,
+}
+
+/// What to do when fewer replicas than asked acknowledge a grant in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ReplicaShortfall {
+    /// Release the grant and fail the acquire with
+    /// [`Error::Unavailable`] (default): the handler does not run on a grant
+    /// a failover could lose.
+    #[default]
+    Fail,
+    /// Keep the grant and log a warning.
+    Proceed,
+}
+
+/// A command connection: one multiplexed connection to a primary, or a
+/// cluster connection that routes by slot and follows MOVED/ASK.
+#[derive(Clone)]
+enum Conn {
+    Single(MultiplexedConnection),
+    Cluster(Box<redis::cluster_async::ClusterConnection>),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -138,7 +235,15 @@ impl std::fmt::Debug for RedisStore {
             .field("prefix", &self.inner.prefix)
             .field("fence_retention_ms", &self.inner.fence_retention_ms)
             .field("timeout", &self.inner.timeout)
-            .field("notifications", &self.inner.pubsub_client.is_some())
+            .field("notifications", &self.inner.pubsub.is_some())
+            .field(
+                "topology",
+                &match self.inner.source {
+                    Source::Pool(_) => "primary",
+                    Source::Sentinel(_) => "sentinel",
+                    Source::Cluster(_) => "cluster",
+                },
+            )
             .finish()
     }
 }
@@ -151,18 +256,90 @@ impl RedisStore {
     /// A store over an existing pool. Waiters poll unless you add
     /// [`with_notifications`](RedisStore::with_notifications).
     pub fn new(pool: deadpool_redis::Pool) -> Self {
+        Self::with_source(Source::Pool(pool))
+    }
+
+    fn with_source(source: Source) -> Self {
         RedisStore {
             inner: Arc::new(Inner {
-                pool,
+                source,
                 conn: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 prefix: DEFAULT_PREFIX.to_owned(),
                 fence_retention_ms: DEFAULT_FENCE_RETENTION.as_millis() as u64,
                 timeout: DEFAULT_TIMEOUT,
-                pubsub_client: None,
+                pubsub: None,
+                wait_replicas: None,
                 notifier: OnceLock::new(),
             }),
         }
+    }
+
+    /// A store on the primary that a set of Sentinels names for
+    /// `master_name`, with release notifications. Connections are resolved
+    /// through the Sentinels and re-resolved when one breaks, so new grants
+    /// follow a failover; a holder whose renewals then find no key (the
+    /// grant was not replicated) is told its lock is lost.
+    ///
+    /// Consider [`with_wait_replicas`](RedisStore::with_wait_replicas) to
+    /// shrink the window in which a failover loses a fresh grant.
+    pub fn sentinel(sentinel_urls: &[&str], master_name: &str) -> Result<Self, Error> {
+        let client = redis::sentinel::SentinelClient::build(
+            sentinel_urls.to_vec(),
+            master_name.to_owned(),
+            None,
+            redis::sentinel::SentinelServerType::Master,
+        )
+        .map_err(|e| Error::Config(ConfigError::new("sentinel_urls", e.to_string())))?;
+        let shared = Arc::new(tokio::sync::Mutex::new(client));
+        let mut store = Self::with_source(Source::Sentinel(shared.clone()));
+        store.inner_mut().pubsub = Some(PubSubSource::Sentinel(shared));
+        Ok(store)
+    }
+
+    /// A store on a Redis Cluster, given some of its nodes. Every lock's
+    /// keys share one hash tag, so each script touches one slot; MOVED and
+    /// ASK are followed by the cluster client. Waiters poll (no cluster-wide
+    /// PUBLISH on release); renewals go out concurrently on the cluster
+    /// connection, which pipelines them per node.
+    pub fn cluster(node_urls: &[&str]) -> Result<Self, Error> {
+        let client = redis::cluster::ClusterClient::new(node_urls.to_vec())
+            .map_err(|e| Error::Config(ConfigError::new("cluster_urls", e.to_string())))?;
+        Ok(Self::with_source(Source::Cluster(Box::new(client))))
+    }
+
+    /// After each grant, `WAIT` until `replicas` replicas have the write or
+    /// `timeout` passes; on a shortfall, [`ReplicaShortfall::Fail`] releases
+    /// and fails the acquire. Shrinks (does not close) the window in which a
+    /// failover to a replica that missed the grant lets a second holder in.
+    /// `WAIT` holds up the shared connection while it waits.
+    pub fn with_wait_replicas(
+        mut self,
+        replicas: u32,
+        timeout: Duration,
+        on_shortfall: ReplicaShortfall,
+    ) -> Result<Self, ConfigError> {
+        if replicas == 0 {
+            return Err(ConfigError::new("wait_replicas", "must be at least 1"));
+        }
+        if let Source::Cluster(_) = self.inner.source {
+            return Err(ConfigError::new(
+                "wait_replicas",
+                "not supported on a cluster store (WAIT is per node)",
+            ));
+        }
+        if timeout.is_zero() || timeout >= self.inner.timeout {
+            return Err(ConfigError::new(
+                "wait_replicas",
+                "the timeout must be above 0 and below the command timeout",
+            ));
+        }
+        self.inner_mut().wait_replicas = Some(WaitReplicas {
+            replicas,
+            timeout,
+            on_shortfall,
+        });
+        Ok(self)
     }
 
     /// A store for a `redis://` (or `rediss://`, `unix://`) URL, with release
@@ -180,7 +357,7 @@ impl RedisStore {
     /// Uses `client` for one shared pub/sub connection that wakes waiters as
     /// soon as a lock is released.
     pub fn with_notifications(mut self, client: redis::Client) -> Self {
-        self.inner_mut().pubsub_client = Some(client);
+        self.inner_mut().pubsub = Some(PubSubSource::Client(client));
         self
     }
 
@@ -228,6 +405,15 @@ impl RedisStore {
         format!("{}:{{{}}}:record", self.inner.prefix, key)
     }
 
+    /// The channel passed to release scripts: empty (publish nothing) on a
+    /// cluster, where a PUBLISH would go to every node.
+    fn publish_channel(&self, key: &LockKey) -> String {
+        match self.inner.source {
+            Source::Cluster(_) => String::new(),
+            _ => self.release_channel(key),
+        }
+    }
+
     /// The channel on which `key`'s releases are published.
     pub fn release_channel(&self, key: &LockKey) -> String {
         format!("{}:{{{}}}:released", self.inner.prefix, key)
@@ -239,24 +425,21 @@ impl RedisStore {
             // A clone exists: detach this handle with its own state.
             let i = &self.inner;
             self.inner = Arc::new(Inner {
-                pool: i.pool.clone(),
+                source: i.source.clone(),
                 conn: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 prefix: i.prefix.clone(),
                 fence_retention_ms: i.fence_retention_ms,
                 timeout: i.timeout,
-                pubsub_client: i.pubsub_client.clone(),
+                pubsub: i.pubsub.clone(),
+                wait_replicas: i.wait_replicas,
                 notifier: OnceLock::new(),
             });
         }
         Arc::get_mut(&mut self.inner).unwrap_or_else(|| unreachable!("just detached"))
     }
 
-    async fn connection(
-        &self,
-        op: Operation,
-        key: Option<&LockKey>,
-    ) -> Result<MultiplexedConnection, Error> {
+    async fn connection(&self, op: Operation, key: Option<&LockKey>) -> Result<Conn, Error> {
         if let Some(c) = lock(&self.inner.conn).as_ref() {
             return Ok(c.clone());
         }
@@ -264,29 +447,53 @@ impl RedisStore {
         if let Some(c) = lock(&self.inner.conn).as_ref() {
             return Ok(c.clone());
         }
-        let obj = self
-            .inner
-            .pool
-            .get()
-            .await
-            .map_err(|e| pool_error(op, key, e))?;
-        let mut conn = deadpool_redis::Connection::take(obj);
-        // Load the scripts once per connection, in one round trip, so that
-        // first uses do not pay for a NOSCRIPT answer. (EVALSHA still falls
-        // back to loading if the server's script cache is flushed.)
-        let mut load = redis::pipe();
-        for src in [ACQUIRE_SRC, EXTEND_SRC, RELEASE_SRC, FINISH_SRC] {
-            load.cmd("SCRIPT").arg("LOAD").arg(src).ignore();
+        let redis_err = |e| Error::from_redis(op, key, e);
+        let conn = match &self.inner.source {
+            Source::Pool(pool) => {
+                let obj = pool.get().await.map_err(|e| pool_error(op, key, e))?;
+                Conn::Single(deadpool_redis::Connection::take(obj))
+            }
+            Source::Sentinel(sentinel) => {
+                let client = sentinel
+                    .lock()
+                    .await
+                    .async_get_client()
+                    .await
+                    .map_err(redis_err)?;
+                Conn::Single(
+                    client
+                        .get_multiplexed_async_connection()
+                        .await
+                        .map_err(redis_err)?,
+                )
+            }
+            Source::Cluster(client) => Conn::Cluster(Box::new(
+                client.get_async_connection().await.map_err(redis_err)?,
+            )),
+        };
+        let mut conn = conn;
+        if let Conn::Single(_) = conn {
+            // Load the scripts once per connection, in one round trip, so
+            // that first uses do not pay for a NOSCRIPT answer. (EVALSHA
+            // still falls back to loading if the script cache is flushed; on
+            // a cluster that fallback loads them where they are needed.)
+            let mut load = redis::pipe();
+            for src in [ACQUIRE_SRC, EXTEND_SRC, RELEASE_SRC, FINISH_SRC] {
+                load.cmd("SCRIPT").arg("LOAD").arg(src).ignore();
+            }
+            load.query_async::<()>(&mut conn).await.map_err(redis_err)?;
         }
-        load.query_async::<()>(&mut conn)
-            .await
-            .map_err(|e| Error::from_redis(op, key, e))?;
         *lock(&self.inner.conn) = Some(conn.clone());
         Ok(conn)
     }
 
     fn forget_connection_on(&self, err: &RedisError) {
-        if err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error() {
+        let readonly = err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
+        if err.is_io_error()
+            || err.is_connection_dropped()
+            || err.is_unrecoverable_error()
+            || readonly
+        {
             *lock(&self.inner.conn) = None;
         }
     }
@@ -299,7 +506,7 @@ impl RedisStore {
         f: F,
     ) -> Result<T, Error>
     where
-        F: FnOnce(MultiplexedConnection) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
         let work = async {
@@ -311,7 +518,14 @@ impl RedisStore {
         };
         match tokio::time::timeout(self.inner.timeout, work).await {
             Ok(r) => r,
-            Err(_) => Err(timeout_error(op, key, self.inner.timeout)),
+            Err(_) => {
+                // Behind Sentinel a silent primary may have been replaced:
+                // ask again on the next call.
+                if let Source::Sentinel(_) = self.inner.source {
+                    *lock(&self.inner.conn) = None;
+                }
+                Err(timeout_error(op, key, self.inner.timeout))
+            }
         }
     }
 
@@ -340,6 +554,11 @@ impl RedisStore {
             key: Some(key.clone()),
             source: "unexpected reply from the acquire script".into(),
         };
+        if kind == 1
+            && let Some(w) = self.inner.wait_replicas
+        {
+            self.wait_for_replicas(key, owner, w).await?;
+        }
         Ok(match (kind, value) {
             (1, redis::Value::Int(n)) => AcquireOutcome::Granted(FencingToken::new(n as u64)),
             (0, redis::Value::Int(n)) => AcquireOutcome::Held {
@@ -350,12 +569,70 @@ impl RedisStore {
         })
     }
 
+    /// Raises `key`'s fencing counter to at least `token`, so that the next
+    /// grant on this node mints a larger token (Redlock write-back).
+    pub(crate) async fn raise_fence(
+        &self,
+        key: &LockKey,
+        token: FencingToken,
+    ) -> Result<(), Error> {
+        let mut inv = RAISE_FENCE.key(self.fence_key(key));
+        inv.arg(token.get()).arg(self.inner.fence_retention_ms);
+        let _: i64 = self
+            .with_conn(Operation::Acquire, Some(key), |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// `WAIT`s for the grant to reach replicas; on a shortfall with
+    /// [`ReplicaShortfall::Fail`], releases it and fails.
+    async fn wait_for_replicas(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        w: WaitReplicas,
+    ) -> Result<(), Error> {
+        let acked: i64 = self
+            .with_conn(Operation::Acquire, Some(key), |mut c| async move {
+                redis::cmd("WAIT")
+                    .arg(w.replicas)
+                    .arg(w.timeout.as_millis() as u64)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        if acked >= i64::from(w.replicas) {
+            return Ok(());
+        }
+        match w.on_shortfall {
+            ReplicaShortfall::Proceed => {
+                tracing::warn!(key = %key, acked, wanted = w.replicas, "grant not yet on enough replicas; proceeding");
+                Ok(())
+            }
+            ReplicaShortfall::Fail => {
+                let _ = self.release(key, owner).await;
+                Err(Error::Unavailable {
+                    op: Operation::Acquire,
+                    key: Some(key.clone()),
+                    source: format!(
+                        "only {acked} of {} replicas acknowledged the grant within {} ms",
+                        w.replicas,
+                        w.timeout.as_millis()
+                    )
+                    .into(),
+                })
+            }
+        }
+    }
+
     fn notifier(&self) -> Option<&Notifier> {
-        let client = self.inner.pubsub_client.as_ref()?;
+        let source = self.inner.pubsub.as_ref()?;
         Some(
             self.inner
                 .notifier
-                .get_or_init(|| Notifier::spawn(client.clone(), self.inner.timeout)),
+                .get_or_init(|| Notifier::spawn(source.clone(), self.inner.timeout)),
         )
     }
 }
@@ -418,7 +695,7 @@ impl LockStore for RedisStore {
             .arg(owner.as_str())
             .arg(record.as_ref())
             .arg(ms(retention))
-            .arg(self.release_channel(key));
+            .arg(self.publish_channel(key));
         let n: i64 = self
             .with_conn(Operation::Release, Some(key), |mut c| async move {
                 inv.invoke_async(&mut c).await
@@ -457,6 +734,17 @@ impl LockStore for RedisStore {
         if renewals.is_empty() {
             return Ok(Vec::new());
         }
+        if let Source::Cluster(_) = self.inner.source {
+            // Keys of a batch live in many slots: send the renewals at once
+            // on the cluster connection, which pipelines them per node.
+            let answers = futures_util::future::join_all(
+                renewals
+                    .iter()
+                    .map(|r| self.extend(&r.key, &r.owner, r.lease)),
+            )
+            .await;
+            return answers.into_iter().collect();
+        }
         let mut pipe = redis::pipe();
         for r in renewals {
             pipe.cmd("EVALSHA")
@@ -486,7 +774,7 @@ impl LockStore for RedisStore {
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
         let mut inv = RELEASE.key(self.lock_key(key));
-        inv.arg(owner.as_str()).arg(self.release_channel(key));
+        inv.arg(owner.as_str()).arg(self.publish_channel(key));
         let n: i64 = self
             .with_conn(Operation::Release, Some(key), |mut c| async move {
                 inv.invoke_async(&mut c).await
@@ -571,7 +859,7 @@ impl Drop for Reader {
 }
 
 impl Notifier {
-    fn spawn(client: redis::Client, timeout: Duration) -> Notifier {
+    fn spawn(client: PubSubSource, timeout: Duration) -> Notifier {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(notifier_task(client, rx, timeout));
         Notifier { cmds: tx }
@@ -579,7 +867,7 @@ impl Notifier {
 }
 
 async fn notifier_task(
-    client: redis::Client,
+    client: PubSubSource,
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
     timeout: Duration,
 ) {
@@ -649,7 +937,8 @@ async fn notifier_task(
         }
         let mut result = Ok(());
         if sink.is_none() {
-            match tokio::time::timeout(timeout, client.get_async_pubsub()).await {
+            let connect = async { client.client().await?.get_async_pubsub().await };
+            match tokio::time::timeout(timeout, connect).await {
                 Ok(Ok(pubsub)) => {
                     let (s, mut stream) = pubsub.split();
                     let map = channels.clone();
