@@ -92,7 +92,9 @@ impl Idempotency {
         self
     }
 
-    /// Response headers kept for replay (default: `Content-Type`).
+    /// Response headers kept for replay (default: `Content-Type`). Each name
+    /// is stored once; framing headers (`Content-Length`,
+    /// `Transfer-Encoding`, `Connection`) never are.
     pub fn replay_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         self.headers = headers.into_iter().collect();
         self

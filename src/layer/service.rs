@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use sha2::{Digest, Sha256};
 use tower_service::Service;
@@ -359,9 +359,20 @@ where
     let buf = buf.freeze();
     let mut record = Record::new(parts.status);
     record.fingerprint = fingerprint;
-    record.headers = idem
-        .headers
-        .iter()
+    // Each chosen name once; never framing headers, which describe the
+    // original transfer, not the stored body.
+    let mut names: Vec<&HeaderName> = Vec::new();
+    for name in &idem.headers {
+        let framing = matches!(
+            name.as_str(),
+            "content-length" | "transfer-encoding" | "connection" | "keep-alive" | "trailer"
+        );
+        if !framing && !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    record.headers = names
+        .into_iter()
         .flat_map(|name| {
             parts
                 .headers
