@@ -7,8 +7,12 @@
 //! Every server runs on its own free port with its own temporary directory and
 //! is killed when its [`RedisServer`] is dropped, or when the test process dies
 //! (the child is spawned with `PR_SET_PDEATHSIG = SIGKILL`).
+//!
+//! [`topology`] builds Sentinel sets, Redis Clusters and independent primaries from them.
 
 #![allow(dead_code)]
+
+pub mod topology;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -16,7 +20,7 @@ use std::fs::{self, OpenOptions};
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::mpsc;
@@ -57,11 +61,30 @@ pub struct RedisServer {
     /// `None` after `stop()`. Never reaped while stored here, so its pid stays ours.
     child: Option<Child>,
     port: u16,
-    extra: Vec<String>,
+    launch: Launch,
     password: Option<String>,
     bin: OsString,
     // Declared last: removed after the child has been killed.
     dir: TempDir,
+}
+
+/// What a server is started with besides the standard args (see [`spawn_server`]).
+#[derive(Debug, Clone, Default)]
+struct Launch {
+    /// A config file given as the first argument (a sentinel needs one it can rewrite).
+    config_file: Option<PathBuf>,
+    /// Args appended after the standard ones.
+    extra: Vec<String>,
+}
+
+impl Launch {
+    /// No config file, just `extra` args.
+    fn args<S: AsRef<str>>(extra: &[S]) -> Launch {
+        Launch {
+            config_file: None,
+            extra: extra.iter().map(|s| s.as_ref().to_string()).collect(),
+        }
+    }
 }
 
 /// Why a spawned server did not become ready.
@@ -83,26 +106,32 @@ impl RedisServer {
     /// Like [`RedisServer::start`], with `extra` args appended
     /// (e.g. `["--requirepass", "pw"]` or `["--enable-debug-command", "yes"]`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
-        let bin = server_bin();
+        RedisServer::start_launch(|_, _| Launch::args(extra))
+    }
+
+    /// Start a server whose [`Launch`] is made for each attempt by `launch(port, dir)`
+    /// (it may write files into `dir`, e.g. a config file naming `port`). `restart`
+    /// reuses the launch of the attempt that succeeded.
+    fn start_launch(mut launch: impl FnMut(u16, &Path) -> Launch) -> RedisServer {
+        let bin = SERVER_TOOL.bin();
         let dir = tempfile::Builder::new()
             .prefix("redis-test-")
             .tempdir()
             .unwrap_or_else(|e| {
                 panic!("cannot create a temporary directory for redis-server: {e}")
             });
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let password = requirepass(&extra);
-
         let mut failures = Vec::new();
         for attempt in 1..=START_ATTEMPTS {
             let port = free_port();
-            let mut child = spawn_server(&bin, port, dir.path(), &extra);
+            let launch = launch(port, dir.path());
+            let password = requirepass(&launch.extra);
+            let mut child = spawn_server(&bin, port, dir.path(), &launch);
             match wait_ready(&mut child, port, password.as_deref()) {
                 Ok(()) => {
                     return RedisServer {
                         child: Some(child),
                         port,
-                        extra,
+                        launch,
                         password,
                         bin,
                         dir,
@@ -204,7 +233,7 @@ impl RedisServer {
         let deadline = Instant::now() + RESTART_TIMEOUT;
         let mut failures = Vec::new();
         loop {
-            let mut child = spawn_server(&self.bin, self.port, self.dir.path(), &self.extra);
+            let mut child = spawn_server(&self.bin, self.port, self.dir.path(), &self.launch);
             match wait_ready(&mut child, self.port, self.password.as_deref()) {
                 Ok(()) => {
                     self.child = Some(child);
@@ -435,7 +464,13 @@ pub fn free_port() -> u16 {
 
 /// Wait until `cond()` is true, polling every 2 ms, up to `timeout`; returns whether it
 /// became true. Blocking: for sync contexts.
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+pub fn wait_until(timeout: Duration, cond: impl FnMut() -> bool) -> bool {
+    wait_until_every(timeout, Duration::from_millis(2), cond)
+}
+
+/// Like [`wait_until`], polling every `poll` (for conditions that are costly to check,
+/// e.g. several commands on several servers).
+pub fn wait_until_every(timeout: Duration, poll: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         if cond() {
@@ -445,15 +480,50 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
         if now >= deadline {
             return false;
         }
-        thread::sleep((deadline - now).min(Duration::from_millis(2)));
+        thread::sleep((deadline - now).min(poll));
     }
 }
 
-/// `$REDIS_SERVER_BIN` if set and non-empty, else `redis-server` from PATH.
-fn server_bin() -> OsString {
-    std::env::var_os("REDIS_SERVER_BIN")
-        .filter(|bin| !bin.is_empty())
-        .unwrap_or_else(|| OsString::from("redis-server"))
+/// A binary named by an environment variable, else looked up in PATH.
+struct Tool {
+    /// The environment variable that may name the binary.
+    var: &'static str,
+    /// The binary's name in PATH.
+    name: &'static str,
+    /// The Debian package that provides it.
+    package: &'static str,
+}
+
+/// `redis-server`, overridable by `$REDIS_SERVER_BIN`.
+const SERVER_TOOL: Tool = Tool {
+    var: "REDIS_SERVER_BIN",
+    name: "redis-server",
+    package: "redis-server",
+};
+
+impl Tool {
+    /// `$var` if set and non-empty, else `name` (to be looked up in PATH).
+    fn bin(&self) -> OsString {
+        std::env::var_os(self.var)
+            .filter(|bin| !bin.is_empty())
+            .unwrap_or_else(|| OsString::from(self.name))
+    }
+
+    /// Panic message for when spawning `bin` (from [`Tool::bin`]) failed with `e`.
+    fn cannot_run(&self, bin: &OsString, e: &io::Error) -> String {
+        let (name, var) = (self.name, self.var);
+        let source = if std::env::var_os(var).is_some_and(|b| !b.is_empty()) {
+            format!("from {var}")
+        } else {
+            format!("from PATH; {var} is not set")
+        };
+        format!(
+            "cannot run {name}: spawning {bin:?} ({source}) failed: {e}. \
+             Install it (`apt-get install -y {}`) or set {var} \
+             to the path of a {name} binary.",
+            self.package
+        )
+    }
 }
 
 /// The value following the last `--requirepass` in `extra`, if any.
@@ -466,17 +536,19 @@ fn requirepass(extra: &[String]) -> Option<String> {
         .filter(|pw| !pw.is_empty())
 }
 
-/// Spawn `redis-server` on `port` in `dir`; panics with install hints if it can't be run.
-fn spawn_server(bin: &OsString, port: u16, dir: &Path, extra: &[String]) -> Child {
+/// Spawn `redis-server [config file] <standard args> <extra>` on `port` in `dir`;
+/// panics with install hints if it can't be run.
+fn spawn_server(bin: &OsString, port: u16, dir: &Path, launch: &Launch) -> Child {
     let mut cmd = Command::new(bin);
-    cmd.args(["--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
+    cmd.args(launch.config_file.iter())
+        .args(["--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
         .arg("--port")
         .arg(port.to_string())
         .arg("--dir")
         .arg(dir)
         .arg("--logfile")
         .arg(dir.join(LOG_FILE))
-        .args(extra)
+        .args(&launch.extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null());
     // Startup errors (bad options) go to stderr before the log file is opened.
@@ -488,6 +560,13 @@ fn spawn_server(bin: &OsString, port: u16, dir: &Path, extra: &[String]) -> Chil
         Ok(file) => cmd.stderr(file),
         Err(_) => cmd.stderr(Stdio::null()),
     };
+    kill_with_parent(&mut cmd);
+    spawn_from_keeper(cmd).unwrap_or_else(|e| panic!("{}", SERVER_TOOL.cannot_run(bin, &e)))
+}
+
+/// Make the child of `cmd` get SIGKILL when the thread that forks it exits (see
+/// [`spawn_from_keeper`] for why that thread must live as long as the process).
+fn kill_with_parent(cmd: &mut Command) {
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
     // calls (prctl, getppid) without allocating.
@@ -503,19 +582,6 @@ fn spawn_server(bin: &OsString, port: u16, dir: &Path, extra: &[String]) -> Chil
             Ok(())
         });
     }
-    spawn_from_keeper(cmd).unwrap_or_else(|e| {
-        let source = if std::env::var_os("REDIS_SERVER_BIN").is_some_and(|b| !b.is_empty()) {
-            "from REDIS_SERVER_BIN"
-        } else {
-            "from PATH; REDIS_SERVER_BIN is not set"
-        };
-        panic!(
-            "cannot run redis-server: spawning {:?} ({source}) failed: {e}. \
-             Install it (`apt-get install -y redis-server`) or set REDIS_SERVER_BIN \
-             to the path of a redis-server binary.",
-            bin
-        )
-    })
 }
 
 /// Spawn `cmd` from a dedicated thread that lives as long as the process.
@@ -639,25 +705,29 @@ fn log_tail(dir: &Path) -> String {
     for name in [LOG_FILE, STDERR_FILE] {
         let path = dir.join(name);
         match fs::read(&path) {
-            Ok(bytes) => {
-                let text = String::from_utf8_lossy(&bytes);
-                let lines: Vec<&str> = text.lines().collect();
-                let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
-                if tail.is_empty() {
-                    out.push_str(&format!("--- {} is empty ---\n", path.display()));
-                } else {
-                    out.push_str(&format!(
-                        "--- last {} lines of {} ---\n{}\n",
-                        tail.len(),
-                        path.display(),
-                        tail.join("\n")
-                    ));
-                }
-            }
+            Ok(bytes) => out.push_str(&text_tail(
+                &path.display().to_string(),
+                &String::from_utf8_lossy(&bytes),
+            )),
             Err(e) => out.push_str(&format!("--- {}: {e} ---\n", path.display())),
         }
     }
     out
+}
+
+/// The last `LOG_TAIL_LINES` lines of `text`, under a `--- ... {label} ---` header.
+fn text_tail(label: &str, text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+    if tail.is_empty() {
+        format!("--- {label} is empty ---\n")
+    } else {
+        format!(
+            "--- last {} lines of {label} ---\n{}\n",
+            tail.len(),
+            tail.join("\n")
+        )
+    }
 }
 
 /// A blocking RESP2 connection whose whole exchange must finish before a deadline.
