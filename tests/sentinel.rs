@@ -1,0 +1,132 @@
+//! The Redis store behind Sentinel: one primary, one replica and three
+//! sentinels, all real processes; failovers forced by `SENTINEL FAILOVER`
+//! and by freezing the primary.
+
+mod support;
+
+use std::time::Duration;
+
+use support::topology::SentinelSet;
+use tokio::time::{Instant, timeout};
+use tower_redis_lock::{Error, LockKey, Locker, RedisStore, ReplicaShortfall};
+
+fn store(set: &SentinelSet) -> RedisStore {
+    let urls = set.sentinel_urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    RedisStore::sentinel(&urls, &set.master_name)
+        .unwrap()
+        .with_command_timeout(Duration::from_millis(300))
+        .unwrap()
+}
+
+fn key(id: &str) -> LockKey {
+    LockKey::new("sentinel", id).unwrap()
+}
+
+/// Tries until a grant succeeds (errors are expected while the failover is
+/// under way).
+async fn acquire_eventually(l: &Locker<RedisStore>, k: &LockKey) -> tower_redis_lock::LockGuard {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        match l.try_acquire(k).await {
+            Ok(g) => return g,
+            Err(e) if Instant::now() < end => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("no grant after the failover: {e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_grants_follow_a_failover_and_tokens_never_go_backwards() {
+    let set = SentinelSet::start();
+    let st = store(&set)
+        .with_wait_replicas(1, Duration::from_millis(200), ReplicaShortfall::Fail)
+        .unwrap();
+    let l = Locker::builder(st)
+        .lease(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let k = key("follow");
+    let mut last = 0;
+    for _ in 0..5 {
+        let g = l.try_acquire(&k).await.unwrap();
+        assert!(g.fencing_token().get() > last);
+        last = g.fencing_token().get();
+        g.release().await.unwrap();
+    }
+    let old_port = set.primary.port();
+    let new_port = set.failover();
+    assert_ne!(new_port, old_port);
+
+    let g = acquire_eventually(&l, &k).await;
+    assert!(g.fencing_token().get() > last, "token went backwards");
+    // The grant is on the new primary.
+    let new_primary = set.server_on_port(new_port).unwrap();
+    assert!(
+        new_primary
+            .keys()
+            .contains(&"trl:{sentinel:follow}:lock".to_owned()),
+        "{:?}",
+        new_primary.keys()
+    );
+    assert!(g.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_refuses_a_grant_the_replica_did_not_get() {
+    let set = SentinelSet::start();
+    let st = store(&set)
+        .with_wait_replicas(1, Duration::from_millis(100), ReplicaShortfall::Fail)
+        .unwrap();
+    let l = Locker::new(st);
+    set.replica.freeze();
+    let res = l.try_acquire(&key("unreplicated")).await;
+    set.replica.thaw();
+    match res {
+        Err(Error::Unavailable { source, .. }) => {
+            assert!(
+                source.to_string().contains("replicas acknowledged"),
+                "{source}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    // The refused grant was taken back.
+    assert!(
+        set.primary.keys().iter().all(|k| !k.ends_with(":lock")),
+        "{:?}",
+        set.primary.keys()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_grant_missed_the_new_primary_is_told_it_lost() {
+    let set = SentinelSet::start();
+    let l = Locker::builder(store(&set))
+        .lease(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let k = key("missed");
+    // The grant reaches the primary only: the replica is frozen.
+    set.replica.freeze();
+    let g = l.try_acquire(&k).await.unwrap();
+    let old_token = g.fencing_token();
+    // Now the primary goes silent and the replica, which never saw the
+    // grant, is promoted.
+    set.primary.freeze();
+    set.replica.thaw();
+    timeout(Duration::from_secs(30), g.lost())
+        .await
+        .expect("the old holder was never told");
+    assert!(!g.is_held());
+    let new_port = set.wait_for_master_change(set.primary.port());
+    assert_eq!(new_port, set.replica.port());
+    // The new primary grants the key, with a larger token.
+    let g2 = acquire_eventually(&l, &k).await;
+    assert!(g2.fencing_token() > old_token);
+    set.primary.thaw();
+    assert!(g2.release().await.unwrap());
+}
