@@ -63,11 +63,13 @@ pub fn app<St: LockStore>(locker: Locker<St>) -> Router {
         // The settings above are constants; a failure here is a bug in the
         // demo, found on the first start, never on a request.
         .expect("the demo's lock layer settings are valid");
-    // `route_layer` wraps only the routes above it, after routing, so
-    // `/healthz` (added below) and unknown paths (404) never take a lock.
+    // `route_layer` on the method router wraps only the `POST` handler:
+    // a `GET /jobs/{id}` (405), an unknown path (404) and `/healthz` never
+    // take a lock. (`Router::layer` would also wrap the 404 fallback, which
+    // has no `{id}` and would answer 400; `MethodRouter::layer` and
+    // `Router::route_layer` would lock on the 405 answer.)
     Router::new()
-        .route("/jobs/{id}", post(run_job))
-        .route_layer(layer)
+        .route("/jobs/{id}", post(run_job).route_layer(layer))
         .route("/healthz", get(healthz))
 }
 

@@ -543,19 +543,20 @@ pub fn app<St: LockStore + Clone>(
         work: opts.work,
         before_apply: opts.before_apply.clone(),
     });
-    // `layer` wraps what is already there: the last one added runs first.
+    // Each layer wraps what is already there: the last one added runs first.
+    // `route_layer` keeps both off the 405 answer for other methods.
     Ok(Router::new()
         .route(
             "/webhooks/stripe",
             post(stripe)
-                .layer(stripe_lock)
-                .layer(verifier(Scheme::Stripe)),
+                .route_layer(stripe_lock)
+                .route_layer(verifier(Scheme::Stripe)),
         )
         .route(
             "/webhooks/github",
             post(github)
-                .layer(github_lock)
-                .layer(verifier(Scheme::GitHub)),
+                .route_layer(github_lock)
+                .route_layer(verifier(Scheme::GitHub)),
         )
         .route("/ledger", get(show_ledger))
         .with_state(state))

@@ -83,3 +83,39 @@ async fn layers_on_different_namespaces_still_lock_separately() {
     assert_eq!(*seen.lock().unwrap(), 2);
     assert_eq!(probe.held_count(), 0);
 }
+
+#[tokio::test]
+async fn a_router_wide_layer_lets_unmatched_paths_reach_the_404() {
+    let store = MemoryStore::new();
+    let app = Router::new()
+        .route("/orders/{id}", post(token))
+        .layer(layer(&store, Duration::ZERO));
+    let res = app
+        .clone()
+        .oneshot(Request::get("/nope").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    // A matched route still needs its key and is locked.
+    let res = app
+        .oneshot(Request::post("/orders/1").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.headers().contains_key("fencing-token"));
+}
+
+#[tokio::test]
+async fn route_layer_on_the_method_router_leaves_405_unlocked() {
+    let store = MemoryStore::new();
+    let app = Router::new().route(
+        "/orders/{id}",
+        post(token).route_layer(layer(&store, Duration::ZERO)),
+    );
+    let res = app
+        .oneshot(Request::get("/orders/1").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert!(!res.headers().contains_key("fencing-token"));
+}

@@ -93,6 +93,11 @@ impl KeyFrom {
         }
     }
 
+    /// Whether the key is a path parameter of a matched route.
+    pub(crate) fn is_path_param(&self) -> bool {
+        matches!(self.kind, Kind::PathParam(_))
+    }
+
     /// Whether the body must be read to find the key.
     pub(crate) fn needs_body(&self) -> bool {
         matches!(self.kind, Kind::JsonPointer(_))

@@ -78,10 +78,17 @@ pub(crate) struct Config<St> {
 ///     format!("captured under fencing token {}", guard.fencing_token())
 /// }
 ///
-/// let app: Router = Router::new()
-///     .route("/orders/{id}/capture", post(capture))
-///     .layer(LockLayer::new(MemoryStore::new(), KeyFrom::path_param("id")));
+/// let app: Router = Router::new().route(
+///     "/orders/{id}/capture",
+///     post(capture).route_layer(LockLayer::new(MemoryStore::new(), KeyFrom::path_param("id"))),
+/// );
 /// ```
+///
+/// Put the layer on the method router with `route_layer`, as above, so that
+/// only the handled method is locked: a request with a wrong method gets its
+/// 405 without taking (or waiting for) the lock. `Router::layer` works too
+/// (requests that match no route pass through to the 404), but then a 405
+/// answer is also given under the lock.
 ///
 /// Per request: find the key (400 if missing; body keys within the body
 /// limit, 413 past it) → acquire (409 or 423 with `Retry-After` on

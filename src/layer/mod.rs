@@ -14,14 +14,15 @@
 //!     .lease(Duration::from_secs(10))
 //!     .wait_timeout(Duration::from_millis(500))
 //!     .build()?;
-//! let app: Router = Router::new()
-//!     .route("/accounts/{id}/rebalance", post(rebalance))
-//!     .layer(
+//! let app: Router = Router::new().route(
+//!     "/accounts/{id}/rebalance",
+//!     post(rebalance).route_layer(
 //!         LockLayer::builder(locker, KeyFrom::path_param("id"))
 //!             .namespace("accounts")
 //!             .contention_status(http::StatusCode::LOCKED)
 //!             .build()?,
-//!     );
+//!     ),
+//! );
 //! # Ok(())
 //! # }
 //! ```

@@ -5,6 +5,7 @@ use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use axum::extract::MatchedPath;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use sha2::{Digest, Sha256};
 use tower_service::Service;
@@ -157,6 +158,12 @@ where
     };
     let mut req = Request::from_parts(parts, body);
     let Some(id) = id else {
+        // A path-parameter key on a request that matched no route (the
+        // router's 404 fallback, when the layer wraps a whole `Router`):
+        // nothing to protect, let the router answer.
+        if c.key.is_path_param() && req.extensions().get::<MatchedPath>().is_none() {
+            return run_unlocked(inner, req).await;
+        }
         return match c.on_missing_key {
             OnMissingKey::PassThrough => run_unlocked(inner, req).await,
             OnMissingKey::Reject => Ok(reject(

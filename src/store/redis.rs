@@ -156,14 +156,14 @@ enum Source {
 /// follows a Sentinel failover).
 #[derive(Clone)]
 enum PubSubSource {
-    Client(redis::Client),
+    Client(Box<redis::Client>),
     Sentinel(Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
 }
 
 impl PubSubSource {
     async fn client(&self) -> Result<redis::Client, RedisError> {
         match self {
-            PubSubSource::Client(c) => Ok(c.clone()),
+            PubSubSource::Client(c) => Ok((**c).clone()),
             PubSubSource::Sentinel(s) => s.lock().await.async_get_client().await,
         }
     }
@@ -284,9 +284,12 @@ impl RedisStore {
     /// Consider [`with_wait_replicas`](RedisStore::with_wait_replicas) to
     /// shrink the window in which a failover loses a fresh grant.
     pub fn sentinel(sentinel_urls: &[&str], master_name: &str) -> Result<Self, Error> {
+        // (`String` satisfies both signatures of `build`, with and without
+        // the client's TLS features.)
+        let service = String::from(master_name);
         let client = redis::sentinel::SentinelClient::build(
             sentinel_urls.to_vec(),
-            master_name.to_owned(),
+            service,
             None,
             redis::sentinel::SentinelServerType::Master,
         )
@@ -357,7 +360,7 @@ impl RedisStore {
     /// Uses `client` for one shared pub/sub connection that wakes waiters as
     /// soon as a lock is released.
     pub fn with_notifications(mut self, client: redis::Client) -> Self {
-        self.inner_mut().pubsub = Some(PubSubSource::Client(client));
+        self.inner_mut().pubsub = Some(PubSubSource::Client(Box::new(client)));
         self
     }
 

@@ -1,0 +1,321 @@
+//! The contract of `examples/demo.rs`, over real TCP.
+//!
+//! The example is compiled into this test (`#[path]` below) and its `app` is
+//! served with `axum::serve` on 127.0.0.1:0, with the memory store and with
+//! a real `redis-server` from the test support. The requests go through a
+//! real HTTP/1.1 client (hyper), so status lines, headers and bodies are
+//! what a user of `cargo run --example demo` sees.
+//!
+//! No test waits a fixed time: the second request of a pair is sent once
+//! the locker reports the first request's lease (so the first is inside its
+//! handler), and the rare run where the first job ended before the second
+//! arrived is retried with a longer job.
+
+mod support;
+
+#[allow(dead_code)]
+#[path = "../examples/demo.rs"]
+mod demo;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode, header};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use support::RedisServer;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tower_redis_lock::{LockStore, Locker, MemoryStore, RedisStore};
+
+/// Upper bound on waiting for a condition (a hang guard, not a timing check).
+const PATIENCE: Duration = Duration::from_secs(20);
+/// `work_ms` of the first job of a pair, per attempt: a longer job on a
+/// machine too busy to send the second request in time.
+const WORK_MS: [u64; 3] = [300, 2_000, 10_000];
+
+/// One answer, read whole.
+#[derive(Debug)]
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.body))
+    }
+}
+
+/// Sends one request on a fresh connection.
+async fn send(addr: SocketAddr, method: Method, path: &str) -> Reply {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("HTTP/1.1 handshake");
+    let conn = tokio::spawn(conn);
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::HOST, addr.to_string())
+        .body(Empty::<Bytes>::new())
+        .expect("request");
+    let res = sender.send_request(req).await.expect("response");
+    let (parts, body) = res.into_parts();
+    let body = body.collect().await.expect("response body").to_bytes();
+    drop(sender);
+    let _ = conn.await;
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+/// The demo's app, served on a free port until dropped.
+struct Server {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl Server {
+    async fn start<St: LockStore>(locker: Locker<St>) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let task = tokio::spawn(async move {
+            axum::serve(listener, demo::app(locker))
+                .await
+                .expect("serve");
+        });
+        Server { addr, task }
+    }
+
+    async fn post(&self, path: &str) -> Reply {
+        send(self.addr, Method::POST, path).await
+    }
+
+    async fn get(&self, path: &str) -> Reply {
+        send(self.addr, Method::GET, path).await
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Polls `cond` every millisecond until it holds; panics after [`PATIENCE`].
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + PATIENCE;
+    while !cond() {
+        assert!(Instant::now() < end, "gave up waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// A 200 job answer: JSON `{"id", "fencing_token"}` whose token equals the
+/// `fencing-token` header. Returns the token.
+fn job_ok(reply: &Reply, id: &str) -> u64 {
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert_eq!(reply.header("content-type"), Some("application/json"));
+    let json = reply.json();
+    assert_eq!(json["id"], id, "{json}");
+    let token = json["fencing_token"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("fencing_token is not a JSON number: {json}"));
+    let header: u64 = reply
+        .header("fencing-token")
+        .expect("fencing-token header")
+        .parse()
+        .expect("fencing-token header is a number");
+    assert_eq!(header, token, "header and body disagree");
+    token
+}
+
+/// The layer's contention answer: 409 problem+json with `Retry-After`.
+fn contended(reply: &Reply, id: &str) {
+    assert_eq!(reply.status, StatusCode::CONFLICT, "{reply:?}");
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
+    let retry: u64 = reply
+        .header("retry-after")
+        .expect("Retry-After header")
+        .parse()
+        .expect("Retry-After in whole seconds");
+    assert!(retry >= 1);
+    assert!(reply.header("fencing-token").is_none());
+    let json = reply.json();
+    assert_eq!(json["status"], 409, "{json}");
+    assert_eq!(
+        json["lock_key"],
+        format!("{}:{id}", demo::NAMESPACE),
+        "{json}"
+    );
+}
+
+/// The whole contract against one store.
+async fn contract<St: LockStore>(locker: Locker<St>) {
+    let server = Server::start(locker.clone()).await;
+
+    let health = server.get("/healthz").await;
+    assert_eq!(health.status, StatusCode::OK);
+    assert!(health.header("fencing-token").is_none());
+
+    // Two requests for job `a`: the second arrives while the first runs.
+    let mut first_token = None;
+    for work_ms in WORK_MS {
+        until("no lease is held", || locker.renewing() == 0).await;
+        let path = format!("/jobs/a?work_ms={work_ms}");
+        let first = {
+            let addr = server.addr;
+            let path = path.clone();
+            tokio::spawn(async move { send(addr, Method::POST, &path).await })
+        };
+        until("the first job holds its lock", || {
+            locker.renewing() == 1 || first.is_finished()
+        })
+        .await;
+
+        // /healthz is outside the layer: still 200 while `a` is locked.
+        let health = server.get("/healthz").await;
+        assert_eq!(health.status, StatusCode::OK);
+        assert!(health.header("fencing-token").is_none());
+
+        let second = server.post(&path).await;
+        let first = first.await.expect("first request task");
+        match second.status {
+            StatusCode::CONFLICT => {
+                contended(&second, "a");
+                first_token = Some(job_ok(&first, "a"));
+                break;
+            }
+            // The first job ended before the second arrived (a busy
+            // machine): both ran, one after the other. Try a longer job.
+            StatusCode::OK if first.status == StatusCode::OK => {
+                assert_ne!(job_ok(&first, "a"), job_ok(&second, "a"));
+            }
+            _ => panic!("unexpected answers: first {first:?}, second {second:?}"),
+        }
+    }
+    let first_token = first_token.expect("the second request of a pair never got 409");
+
+    // Later, the lock is free again and the next job gets a larger token.
+    let later = server.post("/jobs/a?work_ms=0").await;
+    assert!(job_ok(&later, "a") > first_token);
+
+    // Other ids do not contend, and the default work time is used.
+    let b = server.post("/jobs/b").await;
+    job_ok(&b, "b");
+
+    // A bad work_ms is the handler's 400 (the lock is taken and released).
+    let bad = server.post("/jobs/a?work_ms=soon").await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+
+    // Only `POST /jobs/{id}` is locked: a wrong method is axum's 405 and an
+    // unknown path axum's 404, neither with a lock (no fencing token).
+    let wrong_method = server.get("/jobs/a").await;
+    assert_eq!(wrong_method.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(wrong_method.header("fencing-token").is_none());
+    let unknown = server.post("/jobs").await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    let after = server.post("/jobs/a?work_ms=0").await;
+    assert!(job_ok(&after, "a") > job_ok(&later, "a"));
+
+    until("every lease is released", || locker.renewing() == 0).await;
+}
+
+fn demo_locker<St: LockStore>(store: St) -> Locker<St> {
+    demo::Settings::from_lookup(|_| None)
+        .expect("defaults")
+        .locker(store)
+        .expect("default locker")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_with_memory_store() {
+    let store = MemoryStore::new();
+    contract(demo_locker(store.clone())).await;
+    assert_eq!(store.held_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_with_redis() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .expect("redis-server");
+    let store = RedisStore::from_url(&server.url()).expect("store");
+    contract(demo_locker(store)).await;
+    let keys = tokio::task::spawn_blocking(move || {
+        let keys = server.keys();
+        drop(server);
+        keys
+    })
+    .await
+    .expect("keys");
+    assert!(
+        keys.iter().all(|k| !k.ends_with(":lock")),
+        "a lock key was left behind: {keys:?}"
+    );
+}
+
+#[test]
+fn settings_defaults() {
+    let s = demo::Settings::from_lookup(|_| None).unwrap();
+    assert_eq!(s.port, 3000);
+    assert_eq!(s.redis_url, None);
+    assert_eq!(s.lease, Duration::from_secs(30));
+    assert_eq!(s.wait, Duration::ZERO);
+    let blank = demo::Settings::from_lookup(|_| Some(" ".into())).unwrap();
+    assert_eq!(blank, s);
+}
+
+#[test]
+fn settings_from_environment() {
+    let s = demo::Settings::from_lookup(|name| {
+        Some(
+            match name {
+                "PORT" => "0",
+                "REDIS_URL" => "redis://127.0.0.1:1/",
+                "LOCK_LEASE_MS" => "1500",
+                "LOCK_WAIT_MS" => "250",
+                _ => return None,
+            }
+            .to_owned(),
+        )
+    })
+    .unwrap();
+    assert_eq!(s.port, 0);
+    assert_eq!(s.redis_url.as_deref(), Some("redis://127.0.0.1:1/"));
+    assert_eq!(s.lease, Duration::from_millis(1500));
+    assert_eq!(s.wait, Duration::from_millis(250));
+}
+
+#[test]
+fn bad_settings_name_the_variable() {
+    for (var, value) in [
+        ("PORT", "http"),
+        ("PORT", "65536"),
+        ("LOCK_LEASE_MS", "30s"),
+        ("LOCK_WAIT_MS", "-1"),
+    ] {
+        let err = demo::Settings::from_lookup(|name| (name == var).then(|| value.to_owned()))
+            .expect_err(value);
+        assert!(err.starts_with(&format!("{var}=")), "{err}");
+    }
+    // In range for the parser, out of range for the locker.
+    let s =
+        demo::Settings::from_lookup(|name| (name == "LOCK_LEASE_MS").then(|| "5".into())).unwrap();
+    let err = s.locker(MemoryStore::new()).unwrap_err();
+    assert!(err.starts_with("LOCK_LEASE_MS=5"), "{err}");
+}
