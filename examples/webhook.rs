@@ -60,9 +60,12 @@
 //!
 //! A bad value is reported with the variable's name and exits with code 2.
 
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{Failure, redact};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::io::IsTerminal;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::process::ExitCode;
@@ -702,48 +705,13 @@ impl Settings {
     }
 }
 
-/// `redis://user:secret@host/` → `redis://***@host/`, for the start banner.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),
-        _ => url.to_owned(),
-    }
-}
-
-/// What went wrong on start, and the exit code it maps to.
-enum Failure {
-    /// A bad environment value: exit code 2.
-    Usage(String),
-    /// The server could not start or failed: exit code 1.
-    Runtime(String),
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Usage(msg)) => {
-            eprintln!("webhook: {msg}");
-            ExitCode::from(2)
-        }
-        Err(Failure::Runtime(msg)) => {
-            eprintln!("webhook: {msg}");
-            ExitCode::FAILURE
-        }
-    }
+    common::exit_code("webhook", run().await)
 }
 
 async fn run() -> Result<(), Failure> {
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(v) if !v.trim().is_empty() => tracing_subscriber::EnvFilter::try_new(&v)
-            .map_err(|e| Failure::Usage(format!("RUST_LOG={v:?} is not valid: {e}")))?,
-        _ => tracing_subscriber::EnvFilter::new("info"),
-    };
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    common::init_tracing()?;
 
     let settings =
         Settings::from_lookup(|name| std::env::var(name).ok()).map_err(Failure::Usage)?;
