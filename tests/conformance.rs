@@ -65,6 +65,20 @@ fn redlock_fixture() -> (RedlockStore, Vec<support::RedisServer>) {
     (RedlockStore::new(nodes).unwrap(), servers)
 }
 
+fn cluster_fixture() -> (RedisStore, support::topology::Cluster) {
+    let cluster = support::topology::Cluster::start(3);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    (RedisStore::cluster(&urls).unwrap(), cluster)
+}
+
+fn sentinel_fixture() -> (RedisStore, support::topology::SentinelSet) {
+    let set = support::topology::SentinelSet::start();
+    let urls = set.sentinel_urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    (RedisStore::sentinel(&urls, &set.master_name).unwrap(), set)
+}
+
 macro_rules! conformance {
     ($name:ident, $fixture:path) => {
         mod $name {
@@ -502,3 +516,5 @@ macro_rules! conformance {
 conformance!(memory, memory_fixture);
 conformance!(redis, redis_fixture);
 conformance!(redlock, redlock_fixture);
+conformance!(cluster, cluster_fixture);
+conformance!(sentinel, sentinel_fixture);
