@@ -1,0 +1,373 @@
+//! The watchdog under load: 10,000 locks held at once with a 3 s lease,
+//! kept for 30 s, on one `redis-server` started by the test support.
+//!
+//! One `Locker::builder(RedisStore::from_url(..)).lease(3 s)` on a
+//! current-thread tokio runtime takes 10,000 distinct keys (64 tasks taking
+//! them in turn), then holds every guard for 30 s while its watchdog renews
+//! them (every lease/3 = 1 s, in pipelined batches of 512 `EVALSHA`s). It
+//! reports:
+//!
+//! * locks lost: guards not held at the end, the lowest number held at any
+//!   check during the 30 s (every 500 ms), and releases that found the lock
+//!   no longer ours (`release` answering `false`); must all be 0;
+//! * renewals: `EVALSHA` calls during the 30 s (`INFO commandstats`),
+//!   grouped into ticks by a thread that samples the counter every 10 ms
+//!   (a tick is a burst of calls with less than 100 ms between samples that
+//!   saw calls). The baseline is one round trip per lock per tick, 10,000;
+//!   batches of 512 make that 20 pipelines (inferred from the batch size:
+//!   Redis does not count pipelines);
+//! * client CPU: `utime + stime` of this process (`/proc/self/stat`) and of
+//!   the runtime thread alone (`/proc/self/task/<pid>/stat`) over the 30 s,
+//!   as a percentage of one CPU; `redis-server`'s from `INFO cpu`;
+//! * memory per held lock: the growth of this process's resident set
+//!   (`/proc/self/statm`) from before the 10,000 acquires to after them,
+//!   divided by 10,000.
+//!
+//! Run with `taskset -c 0 cargo bench --bench watchdog` (about 35 s).
+//! `cargo test --benches` runs a short version (200 locks for 2 s).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use support::RedisServer;
+use tokio::runtime::Runtime;
+use tokio::task::JoinSet;
+use tower_redis_lock::redis;
+use tower_redis_lock::{DEFAULT_RENEW_BATCH, LockGuard, LockKey, Locker, RedisStore};
+
+/// Locks held at once.
+const LOCKS: usize = 10_000;
+/// Their lease; the watchdog renews every lease/3.
+const LEASE: Duration = Duration::from_secs(3);
+/// How long they are held.
+const HOLD: Duration = Duration::from_secs(30);
+/// Tasks taking the locks.
+const TASKS: usize = 64;
+/// How often the sampler reads the `EVALSHA` counter.
+const SAMPLE_EVERY: Duration = Duration::from_millis(10);
+/// Samples with calls closer than this belong to one tick.
+const QUIET: Duration = Duration::from_millis(100);
+/// How often the hold loop checks every guard.
+const CHECK_EVERY: Duration = Duration::from_millis(500);
+/// `getconf PAGESIZE` on x86-64 Linux: the unit of `/proc/self/statm`.
+const PAGE: u64 = 4096;
+/// `getconf CLK_TCK`: the unit of the times in `/proc/<pid>/stat`.
+const CLK_TCK: f64 = 100.0;
+
+/// Resident set size of this process, in bytes.
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .expect("resident pages");
+    pages * PAGE
+}
+
+/// `utime + stime` from a `/proc/.../stat` file, in seconds.
+fn cpu_seconds(path: &str) -> f64 {
+    let stat = std::fs::read_to_string(path).expect("stat");
+    // "pid (comm) state ppid ...": utime and stime are fields 14 and 15,
+    // i.e. the 12th and 13th after the closing parenthesis.
+    let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (ticks(11) + ticks(12)) as f64 / CLK_TCK
+}
+
+/// CPU seconds of the whole process and of the main (runtime) thread.
+fn client_cpu() -> (f64, f64) {
+    let pid = std::process::id();
+    (
+        cpu_seconds("/proc/self/stat"),
+        cpu_seconds(&format!("/proc/self/task/{pid}/stat")),
+    )
+}
+
+/// `used_cpu_user + used_cpu_sys` of `redis-server`, in seconds.
+fn server_cpu(server: &RedisServer) -> f64 {
+    let info = server.cmd(&["INFO", "cpu"]).as_string().unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    field("used_cpu_user") + field("used_cpu_sys")
+}
+
+/// `calls` and `usec` of one command in an `INFO commandstats` text.
+fn command_stat(info: &str, command: &str) -> (u64, u64) {
+    let prefix = format!("cmdstat_{command}:");
+    let Some(fields) = info.lines().find_map(|l| l.trim().strip_prefix(&prefix)) else {
+        return (0, 0);
+    };
+    let field = |f: &str| {
+        fields
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('='))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (field("calls"), field("usec"))
+}
+
+/// A thread that reads the `EVALSHA` counter every [`SAMPLE_EVERY`] over
+/// one connection of its own.
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Vec<(Instant, u64)>>,
+}
+
+impl Sampler {
+    fn start(url: &str) -> Sampler {
+        let client = redis::Client::open(url).expect("client");
+        let mut conn = client.get_connection().expect("sampler connection");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while !stopped.load(Ordering::Relaxed) {
+                let info: String = redis::cmd("INFO")
+                    .arg("commandstats")
+                    .query(&mut conn)
+                    .expect("INFO commandstats");
+                samples.push((Instant::now(), command_stat(&info, "evalsha").0));
+                std::thread::sleep(SAMPLE_EVERY);
+            }
+            samples
+        });
+        Sampler { stop, thread }
+    }
+
+    fn stop(self) -> Vec<(Instant, u64)> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("sampler")
+    }
+}
+
+/// One burst of renewals.
+struct Tick {
+    start: Instant,
+    end: Instant,
+    calls: u64,
+}
+
+/// Groups the sampled counter into bursts separated by [`QUIET`].
+fn ticks(samples: &[(Instant, u64)]) -> Vec<Tick> {
+    let mut ticks: Vec<Tick> = Vec::new();
+    for w in samples.windows(2) {
+        let (t, calls) = (w[1].0, w[1].1.saturating_sub(w[0].1));
+        if calls == 0 {
+            continue;
+        }
+        match ticks.last_mut() {
+            Some(last) if t.duration_since(last.end) < QUIET => {
+                last.end = t;
+                last.calls += calls;
+            }
+            _ => ticks.push(Tick {
+                start: w[0].0,
+                end: t,
+                calls,
+            }),
+        }
+    }
+    ticks
+}
+
+/// Takes `n` distinct keys from [`TASKS`] tasks; every guard.
+async fn acquire_all(locker: &Locker<RedisStore>, n: usize) -> Vec<LockGuard> {
+    let mut tasks = JoinSet::new();
+    for t in 0..TASKS {
+        let locker = locker.clone();
+        tasks.spawn(async move {
+            let mut guards = Vec::new();
+            for i in (t..n).step_by(TASKS) {
+                let key = LockKey::new("watchdog", i.to_string()).expect("key");
+                guards.push(locker.try_acquire(&key).await.expect("acquire"));
+            }
+            guards
+        });
+    }
+    let mut all = Vec::with_capacity(n);
+    while let Some(guards) = tasks.join_next().await {
+        all.extend(guards.expect("acquire task"));
+    }
+    all
+}
+
+/// Releases every guard from [`TASKS`] tasks; how many were still ours.
+async fn release_all(guards: Vec<LockGuard>) -> usize {
+    let mut tasks = JoinSet::new();
+    let per_task = guards.len().div_ceil(TASKS).max(1);
+    for chunk in guards.chunks(per_task) {
+        let chunk = chunk.to_vec();
+        tasks.spawn(async move {
+            let mut owned = 0;
+            for guard in chunk {
+                owned += usize::from(guard.release().await.expect("release"));
+            }
+            owned
+        });
+    }
+    let mut owned = 0;
+    while let Some(n) = tasks.join_next().await {
+        owned += n.expect("release task");
+    }
+    owned
+}
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+fn main() {
+    // `cargo test --benches` (no `--bench`) runs a short version.
+    let real = std::env::args().any(|a| a == "--bench");
+    let (locks, hold) = if real {
+        (LOCKS, HOLD)
+    } else {
+        (200, Duration::from_secs(2))
+    };
+
+    let server = RedisServer::start();
+    let rt = runtime();
+    let store = RedisStore::from_url(&server.url()).expect("store");
+    let locker = Locker::builder(store).lease(LEASE).build().expect("locker");
+    // Connection, scripts and the watchdog task exist before measuring.
+    rt.block_on(async {
+        let key = LockKey::new("watchdog", "warm-up").expect("key");
+        let guard = locker.try_acquire(&key).await.expect("acquire");
+        guard.release().await.expect("release");
+    });
+
+    let rss_before = rss();
+    let started = Instant::now();
+    let guards = rt.block_on(acquire_all(&locker, locks));
+    let acquire_time = started.elapsed();
+    // Let the watchdog take in every new lease before measuring memory.
+    rt.block_on(async { tokio::time::sleep(Duration::from_millis(200)).await });
+    let rss_after = rss();
+    let renewing_start = locker.renewing();
+
+    server.reset_stats();
+    let sampler = Sampler::start(&server.url());
+    let (process0, thread0) = client_cpu();
+    let server0 = server_cpu(&server);
+    let start = Instant::now();
+    let min_held = rt.block_on(async {
+        let mut min_held = guards.len();
+        while start.elapsed() < hold {
+            tokio::time::sleep(CHECK_EVERY.min(hold.saturating_sub(start.elapsed()))).await;
+            min_held = min_held.min(guards.iter().filter(|g| g.is_held()).count());
+        }
+        min_held
+    });
+    let wall = start.elapsed().as_secs_f64();
+    let (process1, thread1) = client_cpu();
+    let server1 = server_cpu(&server);
+    let samples = sampler.stop();
+    let info = server
+        .cmd(&["INFO", "commandstats"])
+        .as_string()
+        .unwrap_or_default();
+    let (evalsha, evalsha_usec) = command_stat(&info, "evalsha");
+
+    let held_at_end = guards.iter().filter(|g| g.is_held()).count();
+    let renewing_end = locker.renewing();
+    let owned = rt.block_on(release_all(guards));
+
+    let ticks = ticks(&samples);
+    let per_tick: Vec<u64> = ticks.iter().map(|t| t.calls).collect();
+    let full: Vec<u64> = per_tick
+        .iter()
+        .copied()
+        .filter(|&c| c as usize >= locks / 2)
+        .collect();
+    let period = if ticks.len() > 1 {
+        ticks
+            .windows(2)
+            .map(|w| w[1].start.duration_since(w[0].start).as_secs_f64())
+            .sum::<f64>()
+            / (ticks.len() - 1) as f64
+    } else {
+        f64::NAN
+    };
+    let burst_ms = ticks
+        .iter()
+        .map(|t| t.end.duration_since(t.start).as_secs_f64() * 1e3)
+        .sum::<f64>()
+        / ticks.len().max(1) as f64;
+
+    println!();
+    println!(
+        "watchdog: {locks} locks, lease {} s, held {wall:.1} s (renewal every {} ms, batches of {DEFAULT_RENEW_BATCH})",
+        LEASE.as_secs(),
+        (LEASE / 3).as_millis()
+    );
+    println!(
+        "  acquired in {:.0} ms from {TASKS} tasks; renewing: {renewing_start} at start, {renewing_end} at end",
+        acquire_time.as_secs_f64() * 1e3
+    );
+    println!(
+        "  lost: {} not held at the end, {} lowest held at any check, {} of {locks} releases found the lock gone",
+        locks - held_at_end,
+        min_held,
+        locks - owned
+    );
+    println!(
+        "  EVALSHA during the hold: {evalsha} ({:.0}/s, {:.2} µs each in redis-server)",
+        evalsha as f64 / wall,
+        evalsha_usec as f64 / evalsha.max(1) as f64
+    );
+    println!(
+        "  ticks observed: {} (mean period {:.3} s, mean burst {:.0} ms as sampled every {} ms)",
+        ticks.len(),
+        period,
+        burst_ms,
+        SAMPLE_EVERY.as_millis()
+    );
+    println!(
+        "  EVALSHA per tick: mean {:.0}, min {}, max {}; {} ticks renewed at least half the locks, {:.0} on average",
+        per_tick.iter().sum::<u64>() as f64 / per_tick.len().max(1) as f64,
+        per_tick.iter().min().copied().unwrap_or(0),
+        per_tick.iter().max().copied().unwrap_or(0),
+        full.len(),
+        full.iter().sum::<u64>() as f64 / full.len().max(1) as f64
+    );
+    println!(
+        "  round trips per renewal of all {locks}: {} pipelines (batch {DEFAULT_RENEW_BATCH}) against {locks} one by one",
+        locks.div_ceil(DEFAULT_RENEW_BATCH)
+    );
+    println!("  per-tick EVALSHA counts: {per_tick:?}");
+    println!(
+        "  client CPU: {:.2} % of one CPU (process), {:.2} % (runtime thread); redis-server: {:.2} %",
+        (process1 - process0) / wall * 100.0,
+        (thread1 - thread0) / wall * 100.0,
+        (server1 - server0) / wall * 100.0
+    );
+    println!(
+        "  memory: RSS {:.1} MiB before, {:.1} MiB after acquiring: {:.0} bytes per held lock",
+        rss_before as f64 / (1 << 20) as f64,
+        rss_after as f64 / (1 << 20) as f64,
+        (rss_after.saturating_sub(rss_before)) as f64 / locks as f64
+    );
+    drop(locker);
+    drop(rt);
+    drop(server);
+}
