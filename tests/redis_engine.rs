@@ -413,3 +413,31 @@ async fn fenced_resource_refuses_a_stale_holder() {
     assert_eq!(value, b"210");
     assert_eq!(token, new.fencing_token());
 }
+
+#[tokio::test]
+async fn a_counter_ahead_of_the_clock_still_gives_larger_tokens() {
+    // As after the server clock stepped back: the retained counter is ahead
+    // of TIME, so tokens continue from it.
+    let server = RedisServer::start();
+    let l = locker(&server, 5_000, 0);
+    let ahead: u64 = 9_000_000_000_000_000;
+    server.cmd(&[
+        "SET",
+        "trl:{engine:ahead}:fence",
+        &ahead.to_string(),
+        "PX",
+        "60000",
+    ]);
+    let g = l.try_acquire(&key("ahead")).await.unwrap();
+    assert_eq!(g.fencing_token().get(), ahead + 1);
+    g.release().await.unwrap();
+    let g = l.try_acquire(&key("ahead")).await.unwrap();
+    assert_eq!(g.fencing_token().get(), ahead + 2);
+    assert_eq!(
+        server
+            .cmd(&["GET", "trl:{engine:ahead}:fence"])
+            .as_string()
+            .unwrap(),
+        (ahead + 2).to_string()
+    );
+}

@@ -38,10 +38,15 @@ if cur then
 end
 local t = redis.call('TIME')
 local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('GET', KEYS[2]))
-if last and last >= token then token = last + 1 end
 local s = string.format('%.0f', token)
-redis.call('SET', KEYS[2], s, 'PX', ARGV[3])
+-- Write the counter and read its old value in one call (Redis >= 6.2);
+-- only when the clock has not moved past it do we write again.
+local last = tonumber(redis.call('SET', KEYS[2], s, 'PX', ARGV[3], 'GET'))
+if last and last >= token then
+  token = last + 1
+  s = string.format('%.0f', token)
+  redis.call('SET', KEYS[2], s, 'PX', ARGV[3])
+end
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. s, 'PX', ARGV[2])
 return {1, token}
 "#;
