@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::locker::Queues;
 use crate::store::LockStore;
 use crate::watchdog::Cmd;
 use crate::{Error, FencingToken, LockKey, OwnerToken, Record};
@@ -213,6 +214,8 @@ struct Shared {
     store: Arc<dyn DynStore>,
     watchdog: mpsc::UnboundedSender<Cmd>,
     runtime: tokio::runtime::Handle,
+    /// This process's waiters, woken right after a release.
+    local: Queues,
 }
 
 impl LockGuard {
@@ -221,6 +224,7 @@ impl LockGuard {
         store: Arc<dyn DynStore>,
         watchdog: mpsc::UnboundedSender<Cmd>,
         runtime: tokio::runtime::Handle,
+        local: Queues,
     ) -> Self {
         LockGuard {
             shared: Arc::new(Shared {
@@ -228,6 +232,7 @@ impl LockGuard {
                 store,
                 watchdog,
                 runtime,
+                local,
             }),
         }
     }
@@ -343,6 +348,7 @@ impl LockGuard {
             // Not stored: make sure the lock does not linger either.
             let _ = s.store.release_dyn(&l.key, &l.owner).await;
         }
+        s.local.wake(&l.key);
         res
     }
 
@@ -362,6 +368,7 @@ impl LockGuard {
         let l = &s.lease;
         let res = s.store.release_dyn(&l.key, &l.owner).await;
         trace_release(l, &res);
+        s.local.wake(&l.key);
         res
     }
 }
@@ -406,10 +413,12 @@ impl Shared {
         }
         let lease = self.lease.clone();
         let store = self.store.clone();
+        let local = self.local.clone();
         // (`spawn` on a handle whose runtime has shut down drops the future.)
         drop(self.runtime.spawn(async move {
             let res = store.release_dyn(&lease.key, &lease.owner).await;
             trace_release(&lease, &res);
+            local.wake(&lease.key);
         }));
     }
 }

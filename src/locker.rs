@@ -1,5 +1,6 @@
 //! The lock engine: acquiring with a wait, and handing out guards.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -74,6 +75,7 @@ struct Inner<S> {
     watchdog: OnceLock<(mpsc::UnboundedSender<Cmd>, tokio::runtime::Handle)>,
     next_id: AtomicU64,
     renewing: Arc<AtomicUsize>,
+    queues: Queues,
 }
 
 #[derive(Debug, Clone)]
@@ -168,6 +170,7 @@ impl<S: LockStore> LockerBuilder<S> {
                 watchdog: OnceLock::new(),
                 next_id: AtomicU64::new(0),
                 renewing: Arc::default(),
+                queues: Queues::default(),
             }),
         })
     }
@@ -189,6 +192,7 @@ impl<S: LockStore> Locker<S> {
                 watchdog: OnceLock::new(),
                 next_id: AtomicU64::new(0),
                 renewing: Arc::default(),
+                queues: Queues::default(),
             }),
         }
     }
@@ -271,99 +275,70 @@ impl<S: LockStore> Locker<S> {
     }
 
     async fn take(&self, key: &LockKey, wait: Duration, replay: bool) -> Result<Acquired, Error> {
-        let (watchdog, runtime) = self.watchdog();
         let o = &self.inner.opts;
-        let store = &self.inner.store;
         let owner = OwnerToken::generate();
         let start = Instant::now();
         let deadline = start + wait;
-        let mut watch: Option<ReleaseWatch> = None;
         let mut attempts = 0u32;
-        loop {
+        let mut remaining = None;
+
+        // Other tasks of this process already waiting for the key go first:
+        // a new (or just-released) acquirer that means to wait queues behind
+        // them instead of barging in.
+        let queue_first = !wait.is_zero() && self.has_local_waiters(key);
+        if !queue_first {
             attempts += 1;
-            let attempt_start = Instant::now();
-            let pending = PendingAttempt::new(store, key, &owner);
-            // On an error (timeout, connection lost) the grant may still
-            // have happened: `pending` releases it in the background.
-            let outcome = if replay {
-                store.acquire_or_replay(key, &owner, o.lease).await?
-            } else {
-                store.acquire(key, &owner, o.lease).await?
-            };
-            pending.disarm();
-            let remaining = match outcome {
-                AcquireOutcome::Granted(token) => {
-                    let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-                    let lease = Arc::new(Lease::new(
-                        id,
-                        key.clone(),
-                        owner,
-                        token,
-                        o.lease,
-                        drift(o.lease),
-                        attempt_start,
-                        o.max_hold,
-                    ));
-                    let _ = watchdog.send(Cmd::Add(lease.clone()));
-                    tracing::debug!(
-                        key = %key,
-                        fencing_token = token.get(),
-                        waited_us = start.elapsed().as_micros() as u64,
-                        contended = attempts > 1,
-                        attempts,
-                        "lock acquired"
-                    );
-                    let dyn_store: Arc<dyn DynStore> = store.clone();
-                    return Ok(Acquired::Locked(LockGuard::new(
-                        lease,
-                        dyn_store,
-                        watchdog.clone(),
-                        runtime.clone(),
-                    )));
-                }
-                AcquireOutcome::Held { remaining } => remaining,
-                AcquireOutcome::Completed(raw) => {
-                    return match Record::decode(raw) {
-                        Some(record) => Ok(Acquired::Completed(record)),
-                        None => Err(Error::Record {
-                            key: key.clone(),
-                            reason: "the stored record is not in a format this version reads",
-                        }),
-                    };
+            match self.attempt(key, &owner, replay, start, attempts).await? {
+                Step::Done(done) => return Ok(done),
+                Step::Held(r) => remaining = r,
+            }
+            if Instant::now() >= deadline {
+                return Err(self.contended(key, wait, start, attempts, remaining));
+            }
+        }
+
+        // Wait for our turn among this process's waiters of the key: only
+        // the task whose turn it is talks to the store, so one release wakes
+        // one local task, not all of them.
+        let queue = self.local_queue(key);
+        let Ok(Ok(_turn)) = tokio::time::timeout_at(deadline, queue.turn.acquire()).await else {
+            return Err(self.contended(key, wait, start, attempts, remaining));
+        };
+        // The subscription stays with the queue from one waiter to the next.
+        let mut watch = queue.take_watch();
+        let mut subscribed = watch.is_some();
+        // Having just tried, go straight to subscribing (and trying again).
+        let mut skip_try = !queue_first && !subscribed;
+        loop {
+            if std::mem::take(&mut skip_try) {
+                subscribed = true;
+                watch = Some(self.subscribe(key).await);
+            }
+            attempts += 1;
+            let step = self.attempt(key, &owner, replay, start, attempts).await;
+            let step = match step {
+                Ok(step) => step,
+                Err(e) => {
+                    queue.put_watch(watch);
+                    return Err(e);
                 }
             };
+            match step {
+                Step::Done(done) => {
+                    queue.put_watch(watch);
+                    return Ok(done);
+                }
+                Step::Held(r) => remaining = r,
+            }
             let now = Instant::now();
             if now >= deadline {
-                let retry_after = remaining.unwrap_or(o.lease);
-                tracing::debug!(
-                    key = %key,
-                    waited_us = now.duration_since(start).as_micros() as u64,
-                    attempts,
-                    retry_after_ms = retry_after.as_millis() as u64,
-                    "lock contended"
-                );
-                return Err(if wait.is_zero() {
-                    Error::Contended {
-                        key: key.clone(),
-                        retry_after,
-                    }
-                } else {
-                    Error::WaitTimeout {
-                        key: key.clone(),
-                        waited: now.duration_since(start),
-                        retry_after,
-                    }
-                });
+                queue.put_watch(watch);
+                return Err(self.contended(key, wait, start, attempts, remaining));
             }
-            if watch.is_none() {
+            if !subscribed {
                 // Subscribe, then try again at once before waiting.
-                watch = Some(match store.subscribe(key).await {
-                    Ok(w) => w,
-                    Err(e) => {
-                        tracing::debug!(key = %key, error = %e, "no release notifications; polling");
-                        ReleaseWatch::never()
-                    }
-                });
+                subscribed = true;
+                watch = Some(self.subscribe(key).await);
                 continue;
             }
             let cap = match remaining {
@@ -373,12 +348,147 @@ impl<S: LockStore> Locker<S> {
             // Jitter in [cap/2, cap] so waiters do not poll in lockstep.
             let nap = cap / 2 + cap.mul_f64(fastrand::f64() / 2.0);
             let wake = (now + nap).min(deadline);
-            if let Some(w) = watch.as_mut() {
-                tokio::select! {
-                    _ = w.released() => {}
-                    _ = tokio::time::sleep_until(wake) => {}
+            let store_release = async {
+                match watch.as_mut() {
+                    Some(w) => w.released().await,
+                    None => std::future::pending().await,
                 }
+            };
+            tokio::select! {
+                _ = queue.released.notified() => {}
+                _ = store_release => {}
+                _ = tokio::time::sleep_until(wake) => {}
             }
+        }
+    }
+
+    /// The key's release notifications, or a watch that never fires (then
+    /// waiters poll).
+    async fn subscribe(&self, key: &LockKey) -> ReleaseWatch {
+        match self.inner.store.subscribe(key).await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::debug!(key = %key, error = %e, "no release notifications; polling");
+                ReleaseWatch::never()
+            }
+        }
+    }
+
+    /// One try at the store.
+    async fn attempt(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        replay: bool,
+        start: Instant,
+        attempts: u32,
+    ) -> Result<Step, Error> {
+        let o = &self.inner.opts;
+        let store = &self.inner.store;
+        let attempt_start = Instant::now();
+        let pending = PendingAttempt::new(store, key, owner);
+        // On an error (timeout, connection lost) the grant may still have
+        // happened: `pending` releases it in the background.
+        let outcome = if replay {
+            store.acquire_or_replay(key, owner, o.lease).await?
+        } else {
+            store.acquire(key, owner, o.lease).await?
+        };
+        pending.disarm();
+        match outcome {
+            AcquireOutcome::Granted(token) => {
+                let (watchdog, runtime) = self.watchdog();
+                let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+                let lease = Arc::new(Lease::new(
+                    id,
+                    key.clone(),
+                    owner.clone(),
+                    token,
+                    o.lease,
+                    drift(o.lease),
+                    attempt_start,
+                    o.max_hold,
+                ));
+                let _ = watchdog.send(Cmd::Add(lease.clone()));
+                tracing::debug!(
+                    key = %key,
+                    fencing_token = token.get(),
+                    waited_us = start.elapsed().as_micros() as u64,
+                    contended = attempts > 1,
+                    attempts,
+                    "lock acquired"
+                );
+                let dyn_store: Arc<dyn DynStore> = store.clone();
+                Ok(Step::Done(Acquired::Locked(LockGuard::new(
+                    lease,
+                    dyn_store,
+                    watchdog.clone(),
+                    runtime.clone(),
+                    self.inner.queues.clone(),
+                ))))
+            }
+            AcquireOutcome::Held { remaining } => Ok(Step::Held(remaining)),
+            AcquireOutcome::Completed(raw) => match Record::decode(raw) {
+                Some(record) => Ok(Step::Done(Acquired::Completed(record))),
+                None => Err(Error::Record {
+                    key: key.clone(),
+                    reason: "the stored record is not in a format this version reads",
+                }),
+            },
+        }
+    }
+
+    /// The error for a lock that stayed held.
+    fn contended(
+        &self,
+        key: &LockKey,
+        wait: Duration,
+        start: Instant,
+        attempts: u32,
+        remaining: Option<Duration>,
+    ) -> Error {
+        let waited = start.elapsed();
+        let retry_after = remaining.unwrap_or(self.inner.opts.lease);
+        tracing::debug!(
+            key = %key,
+            waited_us = waited.as_micros() as u64,
+            attempts,
+            retry_after_ms = retry_after.as_millis() as u64,
+            "lock contended"
+        );
+        if wait.is_zero() {
+            Error::Contended {
+                key: key.clone(),
+                retry_after,
+            }
+        } else {
+            Error::WaitTimeout {
+                key: key.clone(),
+                waited,
+                retry_after,
+            }
+        }
+    }
+
+    fn has_local_waiters(&self, key: &LockKey) -> bool {
+        lock_map(&self.inner.queues.0).contains_key(key)
+    }
+
+    fn local_queue<'a>(&'a self, key: &'a LockKey) -> QueueRef<'a> {
+        let queue = lock_map(&self.inner.queues.0)
+            .entry(key.clone())
+            .or_insert_with(|| {
+                Arc::new(KeyQueue {
+                    turn: tokio::sync::Semaphore::new(1),
+                    released: tokio::sync::Notify::new(),
+                    watch: std::sync::Mutex::new(None),
+                })
+            })
+            .clone();
+        QueueRef {
+            queue,
+            key,
+            map: &self.inner.queues.0,
         }
     }
 
@@ -397,6 +507,86 @@ impl<S: LockStore> Locker<S> {
         });
         (tx, rt)
     }
+}
+
+/// What one try found.
+enum Step {
+    Done(Acquired),
+    Held(Option<Duration>),
+}
+
+type QueueMap = std::sync::Mutex<HashMap<LockKey, Arc<KeyQueue>>>;
+
+/// This process's waiting tasks, per key. Guards hold it too, so that a
+/// local release wakes the local waiter at once, without waiting for the
+/// store's notification (or, where there is none, for a poll).
+#[derive(Clone, Default)]
+pub(crate) struct Queues(Arc<QueueMap>);
+
+impl Queues {
+    /// Tells the key's waiting task (if any) that the lock was just released
+    /// here.
+    pub(crate) fn wake(&self, key: &LockKey) {
+        if let Some(q) = lock_map(&self.0).get(key) {
+            q.released.notify_one();
+        }
+    }
+}
+
+/// This process's waiters for one key: whoever holds `turn` waits on the
+/// store; the others wait for the turn, first come first served.
+struct KeyQueue {
+    turn: tokio::sync::Semaphore,
+    /// A release by this process.
+    released: tokio::sync::Notify,
+    /// The key's release subscription, handed from one waiter to the next
+    /// and dropped (unsubscribed) with the queue.
+    watch: std::sync::Mutex<Option<ReleaseWatch>>,
+}
+
+/// A waiter's handle on its key's queue; the last one out removes the queue.
+struct QueueRef<'a> {
+    queue: Arc<KeyQueue>,
+    key: &'a LockKey,
+    map: &'a QueueMap,
+}
+
+impl QueueRef<'_> {
+    fn take_watch(&self) -> Option<ReleaseWatch> {
+        self.queue
+            .watch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    fn put_watch(&self, watch: Option<ReleaseWatch>) {
+        if let Some(w) = watch {
+            *self.queue.watch.lock().unwrap_or_else(|p| p.into_inner()) = Some(w);
+        }
+    }
+}
+
+impl std::ops::Deref for QueueRef<'_> {
+    type Target = KeyQueue;
+
+    fn deref(&self) -> &KeyQueue {
+        &self.queue
+    }
+}
+
+impl Drop for QueueRef<'_> {
+    fn drop(&mut self) {
+        let mut map = lock_map(self.map);
+        // Only the map and this handle left: nobody else waits here.
+        if Arc::strong_count(&self.queue) == 2 {
+            map.remove(self.key);
+        }
+    }
+}
+
+fn lock_map(m: &QueueMap) -> std::sync::MutexGuard<'_, HashMap<LockKey, Arc<KeyQueue>>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn default_options() -> Options {

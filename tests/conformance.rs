@@ -509,6 +509,35 @@ macro_rules! conformance {
                     other => panic!("{other:?}"),
                 }
             }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn local_waiters_take_turns_and_a_releaser_queues_behind_them() {
+                let (store, _keep) = $fixture();
+                let l = locker(store, 10_000, 30_000);
+                let k = key("fair");
+                let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+                let mut tasks = Vec::new();
+                for t in 0..4u32 {
+                    let (l, k, order) = (l.clone(), k.clone(), order.clone());
+                    tasks.push(tokio::spawn(async move {
+                        for _ in 0..25 {
+                            let g = l.acquire(&k).await.unwrap();
+                            order.lock().unwrap().push(t);
+                            tokio::task::yield_now().await;
+                            g.release().await.unwrap();
+                        }
+                    }));
+                }
+                for t in tasks {
+                    t.await.unwrap();
+                }
+                let order = order.lock().unwrap().clone();
+                assert_eq!(order.len(), 100);
+                // Without a queue the releaser wins nearly every time (it is
+                // the first to ask again); with one it goes to the back.
+                let repeats = order.windows(2).filter(|w| w[0] == w[1]).count();
+                assert!(repeats <= 10, "{repeats} repeats: {order:?}");
+            }
         }
     };
 }

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use axum::extract::MatchedPath;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
-use axum::extract::MatchedPath;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use sha2::{Digest, Sha256};
 use tower_service::Service;
