@@ -46,6 +46,8 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+mod common;
+
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -86,30 +88,6 @@ const S3_WAIT: Duration = Duration::from_secs(10);
 // ---------------------------------------------------------------------------
 // Measuring: CPU of both processes, and what Redis ran
 // ---------------------------------------------------------------------------
-
-/// CPU time (user + system) of this process so far.
-fn process_cpu() -> Duration {
-    // SAFETY: `getrusage` only writes into the zeroed struct we pass.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1_000);
-    tv(usage.ru_utime) + tv(usage.ru_stime)
-}
-
-/// CPU time (user + system) of `redis-server` so far (`INFO cpu`).
-fn server_cpu(server: &RedisServer) -> Duration {
-    let info = server.cmd(&["INFO", "cpu"]).as_string().unwrap_or_default();
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    Duration::from_secs_f64(field("used_cpu_user") + field("used_cpu_sys"))
-}
 
 /// `INFO commandstats`: command -> (calls, µs inside Redis).
 #[derive(Clone, Default)]
@@ -239,13 +217,13 @@ fn measure<F: std::future::Future<Output = ()>>(
     work: F,
 ) -> Cost {
     let cmds0 = CmdStats::read(server);
-    let server0 = server_cpu(server);
-    let client0 = process_cpu();
+    let server0 = common::server_cpu(server);
+    let client0 = common::process_cpu();
     let start = Instant::now();
     rt.block_on(work);
     let wall = start.elapsed();
-    let client_cpu = process_cpu() - client0;
-    let server_cpu = server_cpu(server).saturating_sub(server0);
+    let client_cpu = common::process_cpu() - client0;
+    let server_cpu = common::server_cpu(server).saturating_sub(server0);
     Cost {
         n,
         wall,
@@ -909,16 +887,9 @@ fn s3_write_csv(results: &[S3Result]) {
 
 // ---------------------------------------------------------------------------
 
-fn runtime() -> Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
-
 fn main() {
     let server = RedisServer::start();
-    let rt = runtime();
+    let rt = common::runtime();
     let s2 = rt.block_on(S2::connect(&server.url()));
 
     let mut c = Criterion::default()
@@ -930,8 +901,7 @@ fn main() {
 
     // `cargo test --benches` runs each benchmark once as a smoke test, and
     // `--profile-time` is for profilers: the loops are for real runs only.
-    let args: Vec<String> = std::env::args().collect();
-    if !args.iter().any(|a| a == "--bench") || args.iter().any(|a| a == "--profile-time") {
+    if !common::full_run() {
         return;
     }
     let costs = s2_loop(&rt, &server, &s2);

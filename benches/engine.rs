@@ -27,6 +27,8 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+mod common;
+
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -151,13 +153,6 @@ async fn locker_cycle<S: tower_redis_lock::LockStore>(locker: &Locker<S>) {
     assert!(guard.release().await.expect("release"));
 }
 
-fn runtime() -> Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
-
 fn criterion_cases(c: &mut Criterion, rt: &Runtime, cases: &Cases) {
     let mut group = c.benchmark_group(GROUP);
     group.throughput(Throughput::Elements(1));
@@ -278,7 +273,7 @@ fn print_server_time(server: &RedisServer) {
 
 fn main() {
     let server = RedisServer::start();
-    let rt = runtime();
+    let rt = common::runtime();
     let cases = rt.block_on(Cases::connect(&server.url()));
 
     let mut c = Criterion::default()
@@ -290,8 +285,7 @@ fn main() {
 
     // `cargo test --benches` runs each benchmark once as a smoke test, and
     // `--profile-time` is for profilers: the summary is for real runs only.
-    let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--profile-time") {
+    if common::full_run() {
         server.reset_stats();
         print_summary(&percentiles(&rt, &cases));
         print_server_time(&server);

@@ -28,6 +28,8 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -318,7 +320,7 @@ fn main() {
 
     // `cargo test --benches` runs each benchmark once as a smoke test; the
     // throughput loop is for real runs only.
-    if std::env::args().any(|a| a == "--bench") {
+    if common::full_run() {
         warm_up(&rt, addr);
         redis.reset_stats();
         let loads = throughput(&rt, addr);

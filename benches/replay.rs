@@ -29,6 +29,8 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -233,30 +235,6 @@ impl App {
 // Measuring
 // ---------------------------------------------------------------------------
 
-/// CPU time (user + system) of this process so far.
-fn process_cpu() -> Duration {
-    // SAFETY: `getrusage` only writes into the zeroed struct we pass.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1_000);
-    tv(usage.ru_utime) + tv(usage.ru_stime)
-}
-
-/// CPU time (user + system) of `redis-server` so far (`INFO cpu`).
-fn server_cpu(server: &RedisServer) -> Duration {
-    let info = server.cmd(&["INFO", "cpu"]).as_string().unwrap_or_default();
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    Duration::from_secs_f64(field("used_cpu_user") + field("used_cpu_sys"))
-}
-
 /// `INFO commandstats` without the bench's own `INFO` and `CONFIG`:
 /// command -> calls.
 fn command_calls(server: &RedisServer) -> BTreeMap<String, u64> {
@@ -332,14 +310,14 @@ fn load_loop(rt: &Runtime, server: &RedisServer, app: &Arc<App>, totals: &mut [T
     for round in 0..LOAD_ROUNDS {
         for k in 0..Case::ALL.len() {
             let i = (round + k) % Case::ALL.len();
-            let server0 = server_cpu(server);
-            let client0 = process_cpu();
+            let server0 = common::server_cpu(server);
+            let client0 = common::process_cpu();
             let start = Instant::now();
             rt.block_on(app.load(Case::ALL[i], LOAD, TASKS));
             let t = &mut totals[i];
             t.load_wall += start.elapsed();
-            t.client_cpu += process_cpu() - client0;
-            t.server_cpu += server_cpu(server).saturating_sub(server0);
+            t.client_cpu += common::process_cpu() - client0;
+            t.server_cpu += common::server_cpu(server).saturating_sub(server0);
             t.loaded += LOAD;
         }
     }
@@ -422,16 +400,9 @@ fn criterion_cases(c: &mut Criterion, rt: &Runtime, app: &Arc<App>) {
     group.finish();
 }
 
-fn runtime() -> Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
-
 fn main() {
     let server = RedisServer::start();
-    let rt = runtime();
+    let rt = common::runtime();
     let app = rt.block_on(App::new(&server.url()));
 
     let mut c = Criterion::default()
@@ -443,8 +414,7 @@ fn main() {
 
     // `cargo test --benches` runs each benchmark once as a smoke test, and
     // `--profile-time` is for profilers: the loops are for real runs only.
-    let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--profile-time") {
+    if common::full_run() {
         let mut totals: Vec<Totals> = Case::ALL.iter().map(|_| Totals::default()).collect();
         let runs_before = RUNS.load(Ordering::Relaxed);
         percentile_loop(&rt, &server, &app, &mut totals);

@@ -29,13 +29,14 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use support::RedisServer;
-use tokio::runtime::Runtime;
 use tokio::task::JoinSet;
 use tower_redis_lock::redis;
 use tower_redis_lock::{DEFAULT_RENEW_BATCH, LockGuard, LockKey, Locker, RedisStore};
@@ -93,18 +94,6 @@ fn client_cpu() -> (f64, f64) {
         cpu_seconds("/proc/self/stat"),
         cpu_seconds(&format!("/proc/self/task/{pid}/stat")),
     )
-}
-
-/// `used_cpu_user + used_cpu_sys` of `redis-server`, in seconds.
-fn server_cpu(server: &RedisServer) -> f64 {
-    let info = server.cmd(&["INFO", "cpu"]).as_string().unwrap_or_default();
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    field("used_cpu_user") + field("used_cpu_sys")
 }
 
 /// `calls` and `usec` of one command in an `INFO commandstats` text.
@@ -229,16 +218,9 @@ async fn release_all(guards: Vec<LockGuard>) -> usize {
     owned
 }
 
-fn runtime() -> Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
-
 fn main() {
     // `cargo test --benches` (no `--bench`) runs a short version.
-    let real = std::env::args().any(|a| a == "--bench");
+    let real = common::full_run();
     let (locks, hold) = if real {
         (LOCKS, HOLD)
     } else {
@@ -246,7 +228,7 @@ fn main() {
     };
 
     let server = RedisServer::start();
-    let rt = runtime();
+    let rt = common::runtime();
     let store = RedisStore::from_url(&server.url()).expect("store");
     let locker = Locker::builder(store).lease(LEASE).build().expect("locker");
     // Connection, scripts and the watchdog task exist before measuring.
@@ -268,7 +250,7 @@ fn main() {
     server.reset_stats();
     let sampler = Sampler::start(&server.url());
     let (process0, thread0) = client_cpu();
-    let server0 = server_cpu(&server);
+    let server0 = common::server_cpu(&server).as_secs_f64();
     let start = Instant::now();
     let min_held = rt.block_on(async {
         let mut min_held = guards.len();
@@ -280,7 +262,7 @@ fn main() {
     });
     let wall = start.elapsed().as_secs_f64();
     let (process1, thread1) = client_cpu();
-    let server1 = server_cpu(&server);
+    let server1 = common::server_cpu(&server).as_secs_f64();
     let samples = sampler.stop();
     let info = server
         .cmd(&["INFO", "commandstats"])
