@@ -285,7 +285,7 @@ impl<S: LockStore> Locker<S> {
         // Other tasks of this process already waiting for the key go first:
         // a new (or just-released) acquirer that means to wait queues behind
         // them instead of barging in.
-        let queue_first = !wait.is_zero() && self.has_local_waiters(key);
+        let queue_first = !wait.is_zero() && self.has_waiters(key);
         if !queue_first {
             attempts += 1;
             match self.attempt(key, &owner, replay, start, attempts).await? {
@@ -470,7 +470,8 @@ impl<S: LockStore> Locker<S> {
         }
     }
 
-    fn has_local_waiters(&self, key: &LockKey) -> bool {
+    /// Whether a task of this locker is waiting for `key` right now.
+    pub fn has_waiters(&self, key: &LockKey) -> bool {
         lock_map(&self.inner.queues.0).contains_key(key)
     }
 

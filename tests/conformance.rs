@@ -6,6 +6,8 @@
 
 mod support;
 
+use support::eventually;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -25,20 +27,6 @@ fn locker<S: LockStore>(store: S, lease_ms: u64, wait_ms: u64) -> Locker<S> {
         .wait_timeout(Duration::from_millis(wait_ms))
         .build()
         .unwrap()
-}
-
-/// Polls `cond` every 5 ms until it holds or `limit` passes.
-async fn eventually(limit: Duration, mut cond: impl AsyncFnMut() -> bool) -> bool {
-    let end = tokio::time::Instant::now() + limit;
-    loop {
-        if cond().await {
-            return true;
-        }
-        if tokio::time::Instant::now() >= end {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 fn memory_fixture() -> (MemoryStore, ()) {
@@ -359,7 +347,7 @@ macro_rules! conformance {
                 let l = locker(store, 5_000, 0);
                 let g = l.acquire(&key("guard-extend")).await.unwrap();
                 let before = g.valid_for();
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                assert!(eventually(Duration::from_secs(5), async || g.valid_for() < before).await);
                 g.extend().await.unwrap();
                 assert!(g.valid_for() >= before - Duration::from_millis(5));
                 assert!(g.clone().release().await.unwrap());
@@ -495,9 +483,8 @@ macro_rules! conformance {
                 };
                 let mut rec = tower_redis_lock::Record::new(http::StatusCode::CREATED);
                 rec.body = bytes::Bytes::from_static(b"done");
-                // Whether the waiter is already waiting or only starts after
-                // the finish, it must get the record.
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                // Finish while the duplicate waits.
+                assert!(eventually(Duration::from_secs(5), async || l.has_waiters(&k)).await);
                 assert!(first.finish(&rec, Duration::from_secs(60)).await.unwrap());
                 match tokio::time::timeout(Duration::from_secs(5), waiter)
                     .await

@@ -27,7 +27,6 @@ use hyper_util::rt::TokioIo;
 use support::RedisServer;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tower_redis_lock::{LockStore, Locker, MemoryStore, RedisStore};
 
 /// Upper bound on waiting for a condition (a hang guard, not a timing check).
@@ -113,13 +112,12 @@ impl Drop for Server {
     }
 }
 
-/// Polls `cond` every millisecond until it holds; panics after [`PATIENCE`].
+/// Polls `cond` until it holds; panics after [`PATIENCE`].
 async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + PATIENCE;
-    while !cond() {
-        assert!(Instant::now() < end, "gave up waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    assert!(
+        support::eventually(PATIENCE, async || cond()).await,
+        "gave up waiting until {what}"
+    );
 }
 
 /// A 200 job answer: JSON `{"id", "fencing_token"}` whose token equals the

@@ -25,7 +25,7 @@ use support::RedisServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{Barrier, mpsc, oneshot};
-use tokio::time::{Instant, timeout};
+use tokio::time::timeout;
 use tower::{Layer, ServiceExt};
 use tower_redis_lock::{
     FencingToken, KeyFrom, LockGuard, LockKey, LockLayer, LockStore, Locker, MemoryStore,
@@ -164,17 +164,8 @@ impl Gates {
 }
 
 /// Polls `cond` every 5 ms until it holds or `LIMIT` passes.
-async fn eventually(mut cond: impl AsyncFnMut() -> bool) -> bool {
-    let end = Instant::now() + LIMIT;
-    loop {
-        if cond().await {
-            return true;
-        }
-        if Instant::now() >= end {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+async fn eventually(cond: impl AsyncFnMut() -> bool) -> bool {
+    support::eventually(LIMIT, cond).await
 }
 
 /// Lets every task spawned so far run until it waits on something (on this

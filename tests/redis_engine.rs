@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::RedisServer;
+use support::{RedisServer, eventually};
 use tokio::time::{Instant, timeout};
 use tower_redis_lock::{Error, FenceOutcome, FencedResource, LockKey, Locker, RedisStore};
 
@@ -27,17 +27,6 @@ fn locker(server: &RedisServer, lease_ms: u64, wait_ms: u64) -> Locker<RedisStor
         .wait_timeout(Duration::from_millis(wait_ms))
         .build()
         .unwrap()
-}
-
-async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + limit;
-    while !cond() {
-        if Instant::now() >= end {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    true
 }
 
 fn lock_keys(server: &RedisServer) -> Vec<String> {
@@ -97,7 +86,7 @@ async fn a_waiter_is_woken_by_the_release_notification_not_by_polling() {
     // Wait until the waiter has subscribed before releasing.
     let channel = "trl:{engine:wake}:released";
     assert!(
-        eventually(Duration::from_secs(5), || {
+        eventually(Duration::from_secs(5), async || {
             server
                 .cmd(&["PUBSUB", "NUMSUB", channel])
                 .as_array()
@@ -132,7 +121,7 @@ async fn a_waiter_is_woken_by_the_release_notification_not_by_polling() {
     drop(g);
     // The subscription is dropped once nobody waits.
     assert!(
-        eventually(Duration::from_secs(5), || {
+        eventually(Duration::from_secs(5), async || {
             server
                 .cmd(&["PUBSUB", "NUMSUB", channel])
                 .as_array()
@@ -161,7 +150,7 @@ async fn many_waiters_share_one_pubsub_connection() {
         }));
     }
     assert!(
-        eventually(Duration::from_secs(5), || {
+        eventually(Duration::from_secs(5), async || {
             let r = server.cmd(&["PUBSUB", "NUMSUB", "trl:{engine:shared-4}:released"]);
             r.as_array().unwrap()[1].as_int() == Some(1)
         })
@@ -230,7 +219,9 @@ async fn loss_is_reported_when_redis_is_frozen_past_the_lease() {
     assert!(held_for >= Duration::from_millis(390), "{held_for:?}");
     // Once Redis is back, the lock is free again.
     assert!(
-        eventually(Duration::from_secs(5), || lock_keys(&server).is_empty()).await,
+        eventually(Duration::from_secs(5), async || lock_keys(&server)
+            .is_empty())
+        .await,
         "{:?}",
         server.keys()
     );
@@ -310,7 +301,7 @@ async fn tokens_keep_increasing_after_the_counter_retention_lapses() {
     first.release().await.unwrap();
     // The counter key expires after the retention ...
     assert!(
-        eventually(Duration::from_secs(5), || server.dbsize() == 0).await,
+        eventually(Duration::from_secs(5), async || server.dbsize() == 0).await,
         "{:?}",
         server.keys()
     );
@@ -350,16 +341,18 @@ async fn dropping_guards_and_futures_at_random_points_leaves_nothing_behind() {
     // Every lock key disappears well before any lease could expire it, and
     // the watchdog renews nothing.
     assert!(
-        eventually(Duration::from_millis(900), || lock_keys(&server).is_empty()).await,
+        eventually(Duration::from_millis(900), async || lock_keys(&server)
+            .is_empty())
+        .await,
         "left behind: {:?}",
         lock_keys(&server)
     );
-    assert!(eventually(Duration::from_secs(1), || l.renewing() == 0).await);
+    assert!(eventually(Duration::from_secs(1), async || l.renewing() == 0).await);
     // Background releases of cancelled attempts may still be landing; once
     // they stop, nothing at all may follow (a renewal would, within lease/3).
     let mut last = u64::MAX;
     assert!(
-        eventually(Duration::from_secs(2), || {
+        eventually(Duration::from_secs(2), async || {
             let now = server.command_calls("evalsha");
             std::mem::replace(&mut last, now) == now
         })

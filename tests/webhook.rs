@@ -358,11 +358,10 @@ fn exists(server: &RedisServer, key: &str) -> bool {
 
 /// Polls `cond` every 5 ms until it holds; panics after [`LIMIT`].
 async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + LIMIT;
-    while !cond() {
-        assert!(Instant::now() < end, "gave up waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    assert!(
+        support::eventually(LIMIT, async || cond()).await,
+        "gave up waiting until {what}"
+    );
 }
 
 /// Sends `make()` until the answer is not 409 (the key is freed in the

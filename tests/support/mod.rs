@@ -915,3 +915,19 @@ fn protocol_error(what: &str) -> io::Error {
         format!("RESP protocol error: {what}"),
     )
 }
+
+/// Polls `cond` every 5 ms on the tokio clock until it holds or `limit`
+/// passes; returns whether it held. The async tests' one way of waiting for
+/// a condition instead of sleeping.
+pub async fn eventually(limit: Duration, mut cond: impl AsyncFnMut() -> bool) -> bool {
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        if cond().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
