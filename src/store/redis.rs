@@ -149,6 +149,47 @@ struct Inner {
     notifier: OnceLock<Notifier>,
 }
 
+const LOCK: &str = "lock";
+const FENCE: &str = "fence";
+const RECORD: &str = "record";
+const RELEASED: &str = "released";
+
+/// `<prefix>:{<key>}:<suffix>`: one Redis name of a lock. All names of a
+/// lock share the `{<key>}` hash tag. Written into commands without an
+/// intermediate `String`.
+#[derive(Clone, Copy)]
+struct Name<'a> {
+    prefix: &'a str,
+    key: &'a LockKey,
+    suffix: &'static str,
+}
+
+impl std::fmt::Display for Name<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{{{}}}:{}", self.prefix, self.key, self.suffix)
+    }
+}
+
+impl redis::ToRedisArgs for Name<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        use std::io::Write as _;
+        // Writing into the argument buffer cannot fail.
+        let _ = write!(out.writer_for_next_arg(), "{self}");
+    }
+}
+
+/// A release script's channel argument: empty means "publish nothing".
+struct PublishTo<'a>(Option<Name<'a>>);
+
+impl redis::ToRedisArgs for PublishTo<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        match &self.0 {
+            Some(name) => name.write_redis_args(out),
+            None => out.write_arg(b""),
+        }
+    }
+}
+
 /// Where command connections come from.
 #[derive(Clone)]
 enum Source {
@@ -400,31 +441,40 @@ impl RedisStore {
 
     /// The Redis key that holds `key`'s lock.
     pub fn lock_key(&self, key: &LockKey) -> String {
-        format!("{}:{{{}}}:lock", self.inner.prefix, key)
+        self.name(key, LOCK).to_string()
     }
 
     /// The Redis key that holds `key`'s fencing counter.
     pub fn fence_key(&self, key: &LockKey) -> String {
-        format!("{}:{{{}}}:fence", self.inner.prefix, key)
+        self.name(key, FENCE).to_string()
     }
 
     /// The Redis key that holds `key`'s completed record.
     pub fn record_key(&self, key: &LockKey) -> String {
-        format!("{}:{{{}}}:record", self.inner.prefix, key)
-    }
-
-    /// The channel passed to release scripts: empty (publish nothing) on a
-    /// cluster, where a PUBLISH would go to every node.
-    fn publish_channel(&self, key: &LockKey) -> String {
-        match self.inner.source {
-            Source::Cluster(_) => String::new(),
-            _ => self.release_channel(key),
-        }
+        self.name(key, RECORD).to_string()
     }
 
     /// The channel on which `key`'s releases are published.
     pub fn release_channel(&self, key: &LockKey) -> String {
-        format!("{}:{{{}}}:released", self.inner.prefix, key)
+        self.name(key, RELEASED).to_string()
+    }
+
+    /// One of `key`'s Redis names, written straight into a command.
+    fn name<'a>(&'a self, key: &'a LockKey, suffix: &'static str) -> Name<'a> {
+        Name {
+            prefix: &self.inner.prefix,
+            key,
+            suffix,
+        }
+    }
+
+    /// The channel passed to release scripts: none (publish nothing) on a
+    /// cluster, where a PUBLISH would go to every node.
+    fn publish_channel<'a>(&'a self, key: &'a LockKey) -> PublishTo<'a> {
+        PublishTo(match self.inner.source {
+            Source::Cluster(_) => None,
+            _ => Some(self.name(key, RELEASED)),
+        })
     }
 
     // Builder methods run before the store is shared.
@@ -544,10 +594,10 @@ impl RedisStore {
         lease: Duration,
         replay: bool,
     ) -> Result<AcquireOutcome, Error> {
-        let mut inv = ACQUIRE.key(self.lock_key(key));
-        inv.key(self.fence_key(key));
+        let mut inv = ACQUIRE.key(self.name(key, LOCK));
+        inv.key(self.name(key, FENCE));
         if replay {
-            inv.key(self.record_key(key));
+            inv.key(self.name(key, RECORD));
         }
         inv.arg(owner.as_str())
             .arg(ms(lease))
@@ -584,7 +634,7 @@ impl RedisStore {
         key: &LockKey,
         token: FencingToken,
     ) -> Result<(), Error> {
-        let mut inv = RAISE_FENCE.key(self.fence_key(key));
+        let mut inv = RAISE_FENCE.key(self.name(key, FENCE));
         inv.arg(token.get()).arg(self.inner.fence_retention_ms);
         let _: i64 = self
             .with_conn(Operation::Acquire, Some(key), |mut c| async move {
@@ -698,8 +748,8 @@ impl LockStore for RedisStore {
         record: Bytes,
         retention: Duration,
     ) -> Result<bool, Error> {
-        let mut inv = FINISH.key(self.lock_key(key));
-        inv.key(self.record_key(key))
+        let mut inv = FINISH.key(self.name(key, LOCK));
+        inv.key(self.name(key, RECORD))
             .arg(owner.as_str())
             .arg(record.as_ref())
             .arg(ms(retention))
@@ -713,7 +763,7 @@ impl LockStore for RedisStore {
     }
 
     async fn read_record(&self, key: &LockKey) -> Result<Option<Bytes>, Error> {
-        let record_key = self.record_key(key);
+        let record_key = self.name(key, RECORD);
         let raw: Option<Vec<u8>> = self
             .with_conn(Operation::Acquire, Some(key), |mut c| async move {
                 redis::cmd("GET").arg(record_key).query_async(&mut c).await
@@ -728,7 +778,7 @@ impl LockStore for RedisStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<bool, Error> {
-        let mut inv = EXTEND.key(self.lock_key(key));
+        let mut inv = EXTEND.key(self.name(key, LOCK));
         inv.arg(owner.as_str()).arg(ms(lease));
         let n: i64 = self
             .with_conn(Operation::Extend, Some(key), |mut c| async move {
@@ -758,7 +808,7 @@ impl LockStore for RedisStore {
             pipe.cmd("EVALSHA")
                 .arg(EXTEND.get_hash())
                 .arg(1)
-                .arg(self.lock_key(&r.key))
+                .arg(self.name(&r.key, LOCK))
                 .arg(r.owner.as_str())
                 .arg(ms(r.lease));
         }
@@ -781,7 +831,7 @@ impl LockStore for RedisStore {
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
-        let mut inv = RELEASE.key(self.lock_key(key));
+        let mut inv = RELEASE.key(self.name(key, LOCK));
         inv.arg(owner.as_str()).arg(self.publish_channel(key));
         let n: i64 = self
             .with_conn(Operation::Release, Some(key), |mut c| async move {
