@@ -9,6 +9,8 @@
 
 mod support;
 
+use support::http::{Reply, send};
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,13 +23,11 @@ use axum::response::Response;
 use axum::routing::post;
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, SET_COOKIE};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
-use http_body_util::BodyExt;
+use http::{HeaderName, HeaderValue, Request, StatusCode};
 use sha2::{Digest, Sha256};
 use support::RedisServer;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::timeout;
-use tower::ServiceExt;
 use tower_redis_lock::{
     Fingerprint, Idempotency, KeyFrom, LockKey, LockLayer, LockStore, Locker, MemoryStore, Record,
     RedisStore,
@@ -216,13 +216,6 @@ fn req(key: &str, query: &str, body: &'static str) -> Request<Body> {
         .unwrap()
 }
 
-#[derive(Debug, Clone)]
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
 impl Reply {
     fn replayed(&self) -> bool {
         match self.headers.get("idempotent-replayed") {
@@ -249,24 +242,6 @@ impl Reply {
         let v: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
         assert_eq!(v["status"], status.as_u16(), "{v}");
         v
-    }
-}
-
-async fn send(app: &Router, req: Request<Body>) -> Reply {
-    let res = timeout(LIMIT, app.clone().oneshot(req))
-        .await
-        .expect("no answer")
-        .unwrap();
-    let (parts, body) = res.into_parts();
-    let body = timeout(LIMIT, body.collect())
-        .await
-        .expect("the body did not end")
-        .unwrap()
-        .to_bytes();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body,
     }
 }
 

@@ -5,6 +5,8 @@
 
 mod support;
 
+use support::http::{Reply, read, send};
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -40,14 +42,6 @@ const LIMIT: Duration = Duration::from_secs(10);
 // Helpers
 // ---------------------------------------------------------------------------
 
-/// A response with its body read.
-#[derive(Debug)]
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
 impl Reply {
     fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
@@ -81,32 +75,6 @@ impl Reply {
         assert!(v["detail"].as_str().is_some_and(|d| !d.is_empty()), "{v}");
         v
     }
-}
-
-async fn read<B>(res: Response<B>) -> Reply
-where
-    B: http_body::Body<Data = Bytes>,
-    B::Error: std::fmt::Debug,
-{
-    let (parts, body) = res.into_parts();
-    let body = timeout(LIMIT, body.collect())
-        .await
-        .expect("response body did not end")
-        .unwrap()
-        .to_bytes();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body,
-    }
-}
-
-async fn send(app: &Router, req: Request<Body>) -> Reply {
-    let res = timeout(LIMIT, app.clone().oneshot(req))
-        .await
-        .expect("no response")
-        .unwrap();
-    read(res).await
 }
 
 fn post_to(uri: &str) -> Request<Body> {

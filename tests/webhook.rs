@@ -12,6 +12,8 @@
 
 mod support;
 
+use support::http::{Reply, read, send};
+
 #[allow(dead_code)]
 #[path = "../examples/webhook.rs"]
 mod webhook;
@@ -25,7 +27,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response, StatusCode, header};
+use http::{Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use support::RedisServer;
@@ -225,13 +227,6 @@ fn github(delivery: &str, body: &Bytes) -> Request<Body> {
         .unwrap()
 }
 
-#[derive(Debug, Clone)]
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
 impl Reply {
     fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
@@ -286,32 +281,6 @@ impl Reply {
         assert_eq!(v["status"], status.as_u16(), "{v}");
         v
     }
-}
-
-async fn read<B>(res: Response<B>) -> Reply
-where
-    B: http_body::Body<Data = Bytes>,
-    B::Error: std::fmt::Debug,
-{
-    let (parts, body) = res.into_parts();
-    let body = timeout(LIMIT, body.collect())
-        .await
-        .expect("the body did not end")
-        .unwrap()
-        .to_bytes();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body,
-    }
-}
-
-async fn send(app: &Router, req: Request<Body>) -> Reply {
-    let res = timeout(LIMIT, app.clone().oneshot(req))
-        .await
-        .expect("no answer")
-        .unwrap();
-    read(res).await
 }
 
 /// The ledger as `GET /ledger` shows it.

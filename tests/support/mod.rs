@@ -12,6 +12,7 @@
 
 #![allow(dead_code)]
 
+pub mod http;
 pub mod topology;
 
 use std::collections::BTreeMap;
