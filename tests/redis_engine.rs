@@ -29,6 +29,16 @@ fn locker(server: &RedisServer, lease_ms: u64, wait_ms: u64) -> Locker<RedisStor
         .unwrap()
 }
 
+/// How many clients are subscribed to `channel`.
+fn subscribers(server: &RedisServer, channel: &str) -> i64 {
+    server
+        .cmd(&["PUBSUB", "NUMSUB", channel])
+        .as_array()
+        .unwrap()[1]
+        .as_int()
+        .unwrap()
+}
+
 fn lock_keys(server: &RedisServer) -> Vec<String> {
     server
         .keys()
@@ -87,12 +97,7 @@ async fn a_waiter_is_woken_by_the_release_notification_not_by_polling() {
     let channel = "trl:{engine:wake}:released";
     assert!(
         eventually(Duration::from_secs(5), async || {
-            server
-                .cmd(&["PUBSUB", "NUMSUB", channel])
-                .as_array()
-                .unwrap()[1]
-                .as_int()
-                == Some(1)
+            subscribers(&server, channel) == 1
         })
         .await
     );
@@ -122,12 +127,7 @@ async fn a_waiter_is_woken_by_the_release_notification_not_by_polling() {
     // The subscription is dropped once nobody waits.
     assert!(
         eventually(Duration::from_secs(5), async || {
-            server
-                .cmd(&["PUBSUB", "NUMSUB", channel])
-                .as_array()
-                .unwrap()[1]
-                .as_int()
-                == Some(0)
+            subscribers(&server, channel) == 0
         })
         .await
     );
@@ -151,8 +151,7 @@ async fn many_waiters_share_one_pubsub_connection() {
     }
     assert!(
         eventually(Duration::from_secs(5), async || {
-            let r = server.cmd(&["PUBSUB", "NUMSUB", "trl:{engine:shared-4}:released"]);
-            r.as_array().unwrap()[1].as_int() == Some(1)
+            subscribers(&server, "trl:{engine:shared-4}:released") == 1
         })
         .await,
         "one subscription per channel, however many waiters"
