@@ -3,8 +3,8 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,6 +20,27 @@ use crate::{Error, FencingToken, LockKey, OwnerToken, Record};
 const HELD: u8 = 0;
 const LOST: u8 = 1;
 const RELEASED: u8 = 2;
+
+tokio::task_local! {
+    /// The holds a task runs under (innermost last): see [`LockGuard::scope`].
+    static TASK_HOLDS: Arc<[Weak<Shared>]>;
+}
+
+/// A hold of `key`, granted by `store`, that the current task runs under
+/// and that is still held.
+pub(crate) fn held_by_task(key: &LockKey, store: usize) -> Option<LockGuard> {
+    TASK_HOLDS
+        .try_with(|held| {
+            held.iter().rev().find_map(|w| {
+                let guard = LockGuard {
+                    shared: w.upgrade()?,
+                };
+                (guard.key() == key && guard.is_from(store) && guard.is_held()).then_some(guard)
+            })
+        })
+        .ok()
+        .flatten()
+}
 
 /// Why a lease was lost (for logs).
 #[derive(Debug, Clone, Copy)]
@@ -42,6 +63,9 @@ pub(crate) struct Lease {
     valid_until_ns: AtomicU64,
     status: AtomicU8,
     lost: CancellationToken,
+    /// Holds not yet given back: 1 for the grant, +1 per re-entry. The lock
+    /// is released when this reaches zero.
+    holds: AtomicU32,
 }
 
 impl Lease {
@@ -68,6 +92,7 @@ impl Lease {
             valid_until_ns: AtomicU64::new(0),
             status: AtomicU8::new(HELD),
             lost: CancellationToken::new(),
+            holds: AtomicU32::new(1),
         };
         l.renewed(attempt_start, lease);
         l
@@ -88,6 +113,11 @@ impl Lease {
 
     pub(crate) fn is_active(&self) -> bool {
         self.status.load(Ordering::Acquire) == HELD
+    }
+
+    /// Neither released nor lost, and the validity deadline not passed.
+    fn is_valid_now(&self) -> bool {
+        self.is_active() && Instant::now() < self.valid_until()
     }
 
     /// Flips a held lease to lost and tells every observer. Returns whether
@@ -138,6 +168,8 @@ pub(crate) trait DynStore: Send + Sync + 'static {
         record: Bytes,
         retention: Duration,
     ) -> Pin<Box<dyn Future<Output = Result<bool, Error>> + Send + 'a>>;
+
+    fn instance_id_dyn(&self) -> usize;
 }
 
 impl<S: LockStore> DynStore for S {
@@ -166,6 +198,10 @@ impl<S: LockStore> DynStore for S {
         retention: Duration,
     ) -> Pin<Box<dyn Future<Output = Result<bool, Error>> + Send + 'a>> {
         Box::pin(self.finish(key, owner, record, retention))
+    }
+
+    fn instance_id_dyn(&self) -> usize {
+        self.instance_id()
     }
 }
 
@@ -209,6 +245,8 @@ pub struct LockGuard {
     shared: Arc<Shared>,
 }
 
+/// One hold of a lease: the grant, or one re-entry. Clones of a guard
+/// share it.
 struct Shared {
     lease: Arc<Lease>,
     store: Arc<dyn DynStore>,
@@ -216,6 +254,8 @@ struct Shared {
     runtime: tokio::runtime::Handle,
     /// This process's waiters, woken right after a release.
     local: Queues,
+    /// Whether this hold has been given back (release, finish or drop).
+    ended: AtomicBool,
 }
 
 impl LockGuard {
@@ -233,8 +273,117 @@ impl LockGuard {
                 watchdog,
                 runtime,
                 local,
+                ended: AtomicBool::new(false),
             }),
         }
+    }
+
+    /// Takes the lock again for a nested piece of work of the same holder,
+    /// without asking the store: the returned guard is one more hold on the
+    /// same grant (same key, same fencing token, same lease and watchdog).
+    ///
+    /// Holds are counted, like Redisson's re-entrant lock: the lock is
+    /// released when every hold has been released or dropped, in any order.
+    /// [`finish`](LockGuard::finish) is the exception: it ends the lock for
+    /// every hold at once. A re-entry costs no round trip.
+    ///
+    /// Fails with [`Error::LockLost`] if the lock is no longer held (lost,
+    /// expired or released).
+    ///
+    /// [`Locker`](crate::Locker) re-enters by itself when the task that asks
+    /// for a key already holds it through [`scope`](LockGuard::scope) (the
+    /// [`LockLayer`](crate::LockLayer) runs its inner service in one).
+    ///
+    /// ```
+    /// use tower_redis_lock::{LockKey, Locker, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_redis_lock::Error> {
+    /// let locker = Locker::new(MemoryStore::new());
+    /// let key = LockKey::new("orders", "42")?;
+    /// let outer = locker.acquire(&key).await?;
+    /// let inner = outer.reenter()?;
+    /// assert_eq!(inner.fencing_token(), outer.fencing_token());
+    /// assert_eq!(outer.hold_count(), 2);
+    ///
+    /// inner.release().await?; // one hold left: still locked
+    /// assert!(locker.try_acquire(&key).await.is_err());
+    /// outer.release().await?; // the last hold: released
+    /// assert!(locker.try_acquire(&key).await.is_ok());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reenter(&self) -> Result<LockGuard, Error> {
+        let s = &self.shared;
+        let l = &s.lease;
+        let lost = || Error::LockLost { key: l.key.clone() };
+        if s.ended.load(Ordering::Acquire) || !self.is_held() {
+            return Err(lost());
+        }
+        // Zero holds means the lock is being released: no coming back.
+        l.holds
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n > 0).then_some(n + 1)
+            })
+            .map_err(|_| lost())?;
+        Ok(LockGuard {
+            shared: Arc::new(Shared {
+                lease: l.clone(),
+                store: s.store.clone(),
+                watchdog: s.watchdog.clone(),
+                runtime: s.runtime.clone(),
+                local: s.local.clone(),
+                ended: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// How many holds the grant has: 1 after the acquire, +1 per
+    /// [`reenter`](LockGuard::reenter), −1 per hold released or dropped.
+    pub fn hold_count(&self) -> u32 {
+        self.shared.lease.holds.load(Ordering::Acquire)
+    }
+
+    /// Runs `fut` with this lock registered as held by the current task, so
+    /// that a [`Locker`](crate::Locker) call for the same key inside it
+    /// (through any locker on the same store or a clone of it) re-enters
+    /// instead of waiting for itself. Tasks spawned from `fut` are not inside the scope; hand them
+    /// the guard (or a [`reenter`](LockGuard::reenter)ed one) instead.
+    ///
+    /// The scope does not keep the lock: dropping every clone of the guard
+    /// inside it gives the hold back as usual.
+    ///
+    /// ```
+    /// use tower_redis_lock::{LockKey, Locker, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_redis_lock::Error> {
+    /// let locker = Locker::new(MemoryStore::new()); // try-lock
+    /// let key = LockKey::new("orders", "42")?;
+    /// let guard = locker.acquire(&key).await?;
+    ///
+    /// let nested = guard
+    ///     .scope(async {
+    ///         // Deep inside the same work: no deadlock, no 409.
+    ///         let again = locker.acquire(&key).await?;
+    ///         assert_eq!(again.hold_count(), 2);
+    ///         Ok::<_, tower_redis_lock::Error>(again.fencing_token())
+    ///     })
+    ///     .await?;
+    /// assert_eq!(nested, guard.fencing_token());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn scope<F: Future>(&self, fut: F) -> impl Future<Output = F::Output> {
+        let mut held = TASK_HOLDS.try_with(|h| h.to_vec()).unwrap_or_default();
+        held.push(Arc::downgrade(&self.shared));
+        TASK_HOLDS.scope(held.into(), fut)
+    }
+
+    /// Whether this guard's lock was granted by a store with this
+    /// [`instance_id`](LockStore::instance_id).
+    pub(crate) fn is_from(&self, store: usize) -> bool {
+        self.shared.store.instance_id_dyn() == store
     }
 
     /// The lock's key.
@@ -257,19 +406,19 @@ impl LockGuard {
         self.shared.lease.acquired_at
     }
 
-    /// Whether we still hold the lock: not released, not lost, and the local
-    /// validity deadline (`last successful renewal start + lease − drift`,
-    /// on the monotonic clock) not passed.
+    /// Whether we still hold the lock: this hold not given back, the lock
+    /// not released or lost, and the local validity deadline (`last
+    /// successful renewal start + lease − drift`, on the monotonic clock) not
+    /// passed.
     pub fn is_held(&self) -> bool {
-        let l = &self.shared.lease;
-        l.is_active() && Instant::now() < l.valid_until()
+        !self.shared.ended.load(Ordering::Acquire) && self.shared.lease.is_valid_now()
     }
 
     /// How long the lease is certainly valid from now on (zero once lost or
-    /// released).
+    /// released, or once this hold is given back).
     pub fn valid_for(&self) -> Duration {
         let l = &self.shared.lease;
-        if !l.is_active() {
+        if !l.is_active() || self.shared.ended.load(Ordering::Acquire) {
             return Duration::ZERO;
         }
         l.valid_until().saturating_duration_since(Instant::now())
@@ -322,9 +471,12 @@ impl LockGuard {
     /// now on get the record from
     /// [`Locker::acquire_or_replay`](crate::Locker::acquire_or_replay).
     /// `Ok(false)` (nothing stored) if we no longer owned the lock.
+    ///
+    /// This ends the lock for every hold: other holds of a
+    /// [re-entered](LockGuard::reenter) lock see `is_held() == false`.
     pub async fn finish(self, record: &Record, retention: Duration) -> Result<bool, Error> {
         let s = &self.shared;
-        if !s.stop_renewal() {
+        if s.end_hold().is_none() || !s.stop_renewal() {
             return Ok(false);
         }
         let l = &s.lease;
@@ -352,16 +504,27 @@ impl LockGuard {
         res
     }
 
-    /// Releases the lock in the background now, whatever other clones exist.
+    /// Gives this hold back now, whatever other clones of it exist; the
+    /// release, if it was the last hold, runs in the background.
     pub(crate) fn release_in_background(&self) {
         self.shared.release_in_background();
     }
 
-    /// Releases the lock now. `Ok(true)` if we still owned it, `Ok(false)` if
-    /// it had already expired, been taken over, or been released through
-    /// another clone. Other clones see `is_held() == false` afterwards.
+    /// Gives this hold back; if it was the last one (always, unless the lock
+    /// was [re-entered](LockGuard::reenter)), releases the lock now.
+    ///
+    /// `Ok(true)` if we still owned the lock, `Ok(false)` if it had already
+    /// expired, been taken over, or been released through another clone.
+    /// Other clones of this guard see `is_held() == false` afterwards. When
+    /// other holds remain, nothing is sent and the answer is whether the
+    /// lock is still held for them.
     pub async fn release(self) -> Result<bool, Error> {
         let s = &self.shared;
+        match s.end_hold() {
+            None => return Ok(false),
+            Some(false) => return Ok(s.lease.is_valid_now()),
+            Some(true) => {}
+        }
         if !s.stop_renewal() {
             return Ok(false);
         }
@@ -374,6 +537,16 @@ impl LockGuard {
 }
 
 impl Shared {
+    /// Gives this hold back: `Some(true)` if it was the last hold of the
+    /// lease (the caller releases the lock), `Some(false)` if others remain,
+    /// `None` if this hold was given back before.
+    fn end_hold(&self) -> Option<bool> {
+        if self.ended.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        Some(self.lease.holds.fetch_sub(1, Ordering::AcqRel) == 1)
+    }
+
     /// Marks the lease released and takes it off the watchdog, before any
     /// release command is sent. Returns false if it was released before.
     fn stop_renewal(&self) -> bool {
@@ -404,11 +577,11 @@ fn trace_release(l: &Lease, res: &Result<bool, Error>) {
 }
 
 impl Shared {
-    /// Stops renewal and releases in a task of the runtime that granted the
-    /// lock; never blocks. If that runtime is gone, the lease expires on its
+    /// Gives this hold back; if it was the last, stops renewal and releases
+    /// in a task of the runtime that granted the lock; never blocks. If that runtime is gone, the lease expires on its
     /// own.
     fn release_in_background(&self) {
-        if !self.stop_renewal() {
+        if self.end_hold() != Some(true) || !self.stop_renewal() {
             return;
         }
         let lease = self.lease.clone();

@@ -248,6 +248,12 @@ impl<S: LockStore> Locker<S> {
     ///
     /// Dropping the future at any point is safe: an attempt whose answer was
     /// not received is released in the background (owner-checked).
+    ///
+    /// Re-entry: when the calling task already holds `key` through this
+    /// locker's store or a clone of it (inside [`LockGuard::scope`]; the
+    /// [`LockLayer`](crate::LockLayer) runs its inner service in one), the
+    /// answer is one more hold on that grant, at once and with the same
+    /// fencing token (see [`LockGuard::reenter`]).
     pub async fn acquire_within(&self, key: &LockKey, wait: Duration) -> Result<LockGuard, Error> {
         match self.take(key, wait, false).await? {
             Acquired::Locked(guard) => Ok(guard),
@@ -275,6 +281,14 @@ impl<S: LockStore> Locker<S> {
     }
 
     async fn take(&self, key: &LockKey, wait: Duration, replay: bool) -> Result<Acquired, Error> {
+        // The task already runs under this very lock (a nested call in the
+        // same work): one more hold, not a wait for ourselves.
+        if let Some(outer) = crate::guard::held_by_task(key, self.store_id())
+            && let Ok(again) = outer.reenter()
+        {
+            tracing::trace!(key = %key, holds = again.hold_count(), "lock re-entered");
+            return Ok(Acquired::Locked(again));
+        }
         let o = &self.inner.opts;
         let owner = OwnerToken::generate();
         let start = Instant::now();
@@ -468,6 +482,12 @@ impl<S: LockStore> Locker<S> {
                 retry_after,
             }
         }
+    }
+
+    /// Identifies the store behind this locker (for re-entry: a guard
+    /// re-enters only through the store that granted it, or a clone).
+    pub(crate) fn store_id(&self) -> usize {
+        self.inner.store.instance_id()
     }
 
     /// Whether a task of this locker is waiting for `key` right now.

@@ -119,3 +119,29 @@ async fn route_layer_on_the_method_router_leaves_405_unlocked() {
     assert_eq!(res.status(), StatusCode::METHOD_NOT_ALLOWED);
     assert!(!res.headers().contains_key("fencing-token"));
 }
+
+#[tokio::test]
+async fn nested_layers_count_their_holds_and_the_last_one_releases() {
+    let store = MemoryStore::new();
+    let probe = store.clone();
+    let app = Router::new()
+        .route(
+            "/orders/{id}",
+            post(move |guard: LockGuard| async move {
+                // Two layers, two holds of one grant; the lock is still there.
+                assert_eq!(probe.held_count(), 1);
+                guard.hold_count().to_string()
+            }),
+        )
+        .layer(layer(&store, Duration::ZERO))
+        .layer(layer(&store, Duration::ZERO))
+        .layer(layer(&store, Duration::ZERO));
+    let res = app
+        .oneshot(Request::post("/orders/3").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let body = axum::body::to_bytes(res.into_body(), 1024).await.unwrap();
+    assert_eq!(&body[..], b"3");
+    assert_eq!(store.held_count(), 0);
+}

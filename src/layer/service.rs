@@ -184,18 +184,23 @@ where
         Err(e) => return Ok(reject(Problem::from_error(&e, c.contention), None)),
     };
 
-    // Re-entry: an enclosing lock layer already holds this very key for this
-    // request (nested locked routes or services). Run under its lock, with
-    // its fencing token; the outer layer releases. Waiting for our own lock
-    // would deadlock.
-    if let Some(outer) = req.extensions().get::<LockGuard>()
-        && outer.key() == &key
-        && outer.is_held()
+    // Re-entry: an enclosing lock layer already holds this very key, through
+    // the same store, for this request (nested locked routes or services).
+    // Run under one more hold of its lock, with its fencing token; waiting
+    // for our own lock would deadlock. The record, if any, is the outer
+    // layer's to store.
+    if let Some(again) = req
+        .extensions()
+        .get::<LockGuard>()
+        .filter(|outer| outer.key() == &key && outer.is_from(c.locker.store_id()))
+        .and_then(|outer| outer.reenter().ok())
     {
-        let token = outer.fencing_token();
-        let mut res = inner.call(req).await?;
+        let token = again.fencing_token();
+        req.extensions_mut().insert(again.clone());
+        let mut res = again.scope(inner.call(req)).await?;
         res.headers_mut()
             .insert(c.header.clone(), HeaderValue::from(token.get()));
+        let _ = again.release().await;
         return Ok(res.map(|b| ResponseBody::inner(b, None)));
     }
 
@@ -226,8 +231,9 @@ where
     req.extensions_mut().insert(guard.clone());
     req.extensions_mut().insert(token);
 
-    // 3. The service, under the lock.
-    let fut = inner.call(req);
+    // 3. The service, under the lock (and in its scope, so that the handler
+    // re-enters when it asks the locker for the same key).
+    let fut = guard.scope(inner.call(req));
     let res = match c.on_lock_lost {
         OnLockLost::KeepRunning => fut.await,
         OnLockLost::Abort => {

@@ -178,6 +178,10 @@ impl State {
 }
 
 impl LockStore for MemoryStore {
+    fn instance_id(&self) -> usize {
+        Arc::as_ptr(&self.state).cast::<()>() as usize
+    }
+
     async fn acquire(
         &self,
         key: &LockKey,

@@ -161,6 +161,16 @@ pub trait LockStore: Send + Sync + 'static {
     /// the subscription is in force: any release after this point fires the
     /// watch (subscribe first, then retry — no missed wake-up).
     fn subscribe(&self, key: &LockKey) -> impl Future<Output = Result<ReleaseWatch, Error>> + Send;
+
+    /// Identifies the locks this store works on: clones of one store give
+    /// the same id, so a [`LockGuard`](crate::LockGuard) granted through one
+    /// clone is [re-entered](crate::LockGuard::reenter) by a
+    /// [`Locker`](crate::Locker) built on another. Stores that are cheap
+    /// handles to shared state should answer the address of that state; the
+    /// default, the address of `self`, only matches the very same value.
+    fn instance_id(&self) -> usize {
+        std::ptr::from_ref(self).cast::<()>() as usize
+    }
 }
 
 /// Fires when a key is released after the watch was created.

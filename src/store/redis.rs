@@ -723,6 +723,10 @@ fn pool_error(op: Operation, key: Option<&LockKey>, e: deadpool_redis::PoolError
 }
 
 impl LockStore for RedisStore {
+    fn instance_id(&self) -> usize {
+        Arc::as_ptr(&self.inner).cast::<()>() as usize
+    }
+
     async fn acquire(
         &self,
         key: &LockKey,

@@ -93,6 +93,10 @@ impl RedlockStore {
 }
 
 impl LockStore for RedlockStore {
+    fn instance_id(&self) -> usize {
+        Arc::as_ptr(&self.nodes).cast::<()>() as usize
+    }
+
     async fn acquire(
         &self,
         key: &LockKey,
