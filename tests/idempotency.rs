@@ -562,10 +562,15 @@ async fn a_response_body_that_fails_stores_nothing<St: LockStore + Clone>(b: Bac
 // Redis only: a holder whose lock was taken over
 // ---------------------------------------------------------------------------
 
-/// The fencing token in a Redis lock value (`<owner>:<token>`).
+/// The fencing token of the holder of a Redis lock: the lock's counter
+/// (`…:fence`) holds the last token minted, while the lock (`…:lock`) exists.
 fn lock_token(server: &RedisServer, key: &str) -> Option<u64> {
-    let value = server.cmd(&["GET", key]).as_string()?;
-    value.rsplit_once(':').map(|(_, t)| t.parse().unwrap())
+    server.cmd(&["GET", key]).as_string()?;
+    let counter = format!("{}:fence", key.strip_suffix(":lock").unwrap());
+    server
+        .cmd(&["GET", &counter])
+        .as_string()
+        .map(|t| t.parse().unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

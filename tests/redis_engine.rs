@@ -61,9 +61,14 @@ async fn keys_share_one_hash_tag_and_carry_the_value_we_expect() {
         .cmd(&["GET", "trl:{orders:ord_1}:lock"])
         .as_string()
         .unwrap();
-    let (owner, token) = value.split_at(32);
-    assert!(owner.bytes().all(|b| b.is_ascii_hexdigit()));
-    assert_eq!(token, format!(":{}", g.fencing_token()));
+    // The lock holds the owner token; the counter the holder's token.
+    assert_eq!(value.len(), 32);
+    assert!(value.bytes().all(|b| b.is_ascii_hexdigit()));
+    let counter = server
+        .cmd(&["GET", "trl:{orders:ord_1}:fence"])
+        .as_string()
+        .unwrap();
+    assert_eq!(counter, g.fencing_token().to_string());
     // Both keys expire: nothing is left behind per distinct lock key.
     for k in server.keys() {
         let ttl = server.cmd(&["PTTL", &k]).as_int().unwrap();
@@ -432,4 +437,16 @@ async fn a_counter_ahead_of_the_clock_still_gives_larger_tokens() {
             .unwrap(),
         (ahead + 2).to_string()
     );
+    g.release().await.unwrap();
+
+    // A counter behind the clock (fewer digits than TIME in µs) gives way
+    // to the clock.
+    server.cmd(&["SET", "trl:{engine:ahead}:fence", "5", "PX", "60000"]);
+    let g = l.try_acquire(&key("ahead")).await.unwrap();
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    // (Same machine, so the same clock, up to the time this took.)
+    assert!(g.fencing_token().get() > now_us - 60_000_000, "{g:?}");
 }
