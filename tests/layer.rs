@@ -5,7 +5,7 @@
 
 mod support;
 
-use support::http::{Reply, read, send};
+use support::http::{Gate, Reply, join, post_to, read, send, spawn_send};
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -20,13 +20,13 @@ use axum::extract::Extension;
 use axum::routing::{get, post};
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use support::RedisServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{Barrier, mpsc, oneshot};
+use tokio::sync::{Barrier, mpsc};
 use tokio::time::timeout;
 use tower::{Layer, ServiceExt};
 use tower_redis_lock::{
@@ -43,91 +43,10 @@ const LIMIT: Duration = Duration::from_secs(10);
 // ---------------------------------------------------------------------------
 
 impl Reply {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
     fn fencing(&self, header: &str) -> Option<u64> {
         self.headers
             .get(header)
             .map(|v| v.to_str().unwrap().parse().unwrap())
-    }
-
-    fn retry_after(&self) -> u64 {
-        self.headers
-            .get(RETRY_AFTER)
-            .unwrap_or_else(|| panic!("no Retry-After on {self:?}"))
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap()
-    }
-
-    /// Checks an RFC 9457 answer and returns its JSON.
-    fn problem(&self, status: StatusCode) -> serde_json::Value {
-        assert_eq!(self.status, status, "{}", self.text());
-        assert_eq!(
-            self.headers.get(CONTENT_TYPE).unwrap(),
-            "application/problem+json"
-        );
-        let v: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
-        assert_eq!(v["status"], status.as_u16(), "{v}");
-        assert!(v["detail"].as_str().is_some_and(|d| !d.is_empty()), "{v}");
-        v
-    }
-}
-
-fn post_to(uri: &str) -> Request<Body> {
-    Request::post(uri).body(Body::empty()).unwrap()
-}
-
-/// Sends in a task, so the test can go on while the handler runs.
-fn spawn_send(app: &Router, req: Request<Body>) -> tokio::task::JoinHandle<Reply> {
-    let app = app.clone();
-    tokio::spawn(async move { send(&app, req).await })
-}
-
-async fn join(task: tokio::task::JoinHandle<Reply>) -> Reply {
-    timeout(LIMIT, task)
-        .await
-        .expect("request did not finish")
-        .unwrap()
-}
-
-/// Lets handlers report that they started and then wait for the test: the
-/// test receives one `oneshot::Sender` per started handler and sends (or
-/// drops) it to let that handler finish.
-#[derive(Clone)]
-struct Gate {
-    started: mpsc::UnboundedSender<oneshot::Sender<()>>,
-}
-
-struct Gates(mpsc::UnboundedReceiver<oneshot::Sender<()>>);
-
-impl Gate {
-    fn new() -> (Gate, Gates) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        (Gate { started: tx }, Gates(rx))
-    }
-
-    async fn pass(&self) {
-        let (tx, rx) = oneshot::channel();
-        let _ = self.started.send(tx);
-        let _ = rx.await;
-    }
-}
-
-impl Gates {
-    /// Waits until a handler is inside the gate; the returned sender lets it out.
-    async fn started(&mut self) -> oneshot::Sender<()> {
-        timeout(LIMIT, self.0.recv())
-            .await
-            .expect("the handler did not start")
-            .unwrap()
-    }
-
-    fn none_started(&mut self) -> bool {
-        self.0.try_recv().is_err()
     }
 }
 
