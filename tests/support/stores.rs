@@ -26,16 +26,21 @@ pub fn redis() -> (RedisStore, RedisServer) {
 /// Redlock over `primaries` independent Redis primaries (started in parallel).
 pub fn redlock(primaries: usize) -> (RedlockStore, Vec<RedisServer>) {
     let servers = start_independent(primaries);
+    (redlock_over(&servers, Duration::from_millis(500)), servers)
+}
+
+/// Redlock over `servers`, each node's calls bounded by `command_timeout`.
+pub fn redlock_over(servers: &[RedisServer], command_timeout: Duration) -> RedlockStore {
     let nodes = servers
         .iter()
         .map(|s| {
             RedisStore::from_url(&s.url())
                 .unwrap()
-                .with_command_timeout(Duration::from_millis(500))
+                .with_command_timeout(command_timeout)
                 .unwrap()
         })
         .collect();
-    (RedlockStore::new(nodes).unwrap(), servers)
+    RedlockStore::new(nodes).unwrap()
 }
 
 /// A Redis Cluster of 3 primaries.
