@@ -1,21 +1,18 @@
 //! One behaviour suite, written once, run against every store.
 //!
 //! `conformance!(name, fixture)` expands to a module of tests; the fixture
-//! returns a store plus whatever must stay alive with it (a `redis-server`
-//! process started on a free port for the Redis store).
+//! (from `support::stores`) returns a store plus whatever must stay alive
+//! with it (the `redis-server` processes started on free ports).
 
 mod support;
 
-use support::eventually;
+use support::{eventually, stores};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use tower_redis_lock::{
-    AcquireOutcome, Error, LockKey, LockStore, Locker, MemoryStore, OwnerToken, RedisStore,
-    RedlockStore,
-};
+use tower_redis_lock::{AcquireOutcome, Error, LockKey, LockStore, Locker, OwnerToken};
 
 fn key(id: &str) -> LockKey {
     LockKey::new("conf", id).unwrap()
@@ -29,52 +26,14 @@ fn locker<S: LockStore>(store: S, lease_ms: u64, wait_ms: u64) -> Locker<S> {
         .unwrap()
 }
 
-fn memory_fixture() -> (MemoryStore, ()) {
-    (MemoryStore::new(), ())
-}
-
-fn redis_fixture() -> (RedisStore, support::RedisServer) {
-    let server = support::RedisServer::start();
-    let store = RedisStore::from_url(&server.url()).unwrap();
-    (store, server)
-}
-
-fn redlock_fixture() -> (RedlockStore, Vec<support::RedisServer>) {
-    let servers: Vec<_> = (0..3).map(|_| support::RedisServer::start()).collect();
-    let nodes = servers
-        .iter()
-        .map(|s| {
-            RedisStore::from_url(&s.url())
-                .unwrap()
-                .with_command_timeout(Duration::from_millis(500))
-                .unwrap()
-        })
-        .collect();
-    (RedlockStore::new(nodes).unwrap(), servers)
-}
-
-fn cluster_fixture() -> (RedisStore, support::topology::Cluster) {
-    let cluster = support::topology::Cluster::start(3);
-    let urls = cluster.urls();
-    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
-    (RedisStore::cluster(&urls).unwrap(), cluster)
-}
-
-fn sentinel_fixture() -> (RedisStore, support::topology::SentinelSet) {
-    let set = support::topology::SentinelSet::start();
-    let urls = set.sentinel_urls();
-    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
-    (RedisStore::sentinel(&urls, &set.master_name).unwrap(), set)
-}
-
 macro_rules! conformance {
-    ($name:ident, $fixture:path) => {
+    ($name:ident, $fixture:expr) => {
         mod $name {
             use super::*;
 
             #[tokio::test]
             async fn grant_then_contention_reports_remaining_lease() {
-                let (store, _keep) = $fixture();
+                let (store, _keep) = $fixture;
                 let (a, b) = (OwnerToken::generate(), OwnerToken::generate());
                 let k = key("contention");
                 let lease = Duration::from_secs(10);
@@ -91,7 +50,7 @@ macro_rules! conformance {
 
             #[tokio::test]
             async fn reentry_by_the_same_owner_keeps_the_token() {
-                let (store, _keep) = $fixture();
+                let (store, _keep) = $fixture;
                 let a = OwnerToken::generate();
                 let k = key("reentry");
                 let lease = Duration::from_secs(5);
@@ -103,7 +62,7 @@ macro_rules! conformance {
 
             #[tokio::test]
             async fn tokens_strictly_increase_across_release_and_expiry() {
-                let (store, _keep) = $fixture();
+                let (store, _keep) = $fixture;
                 let k = key("tokens");
                 let mut last = 0u64;
                 for round in 0..40 {
@@ -140,7 +99,7 @@ macro_rules! conformance {
 
             #[tokio::test]
             async fn stale_release_cannot_delete_a_newer_holders_lock() {
-                let (store, _keep) = $fixture();
+                let (store, _keep) = $fixture;
                 let (old, new) = (OwnerToken::generate(), OwnerToken::generate());
                 let k = key("stale-release");
                 store
@@ -171,7 +130,7 @@ macro_rules! conformance {
 
             #[tokio::test]
             async fn extend_by_a_non_owner_fails_and_by_the_owner_works() {
-                let (store, _keep) = $fixture();
+                let (store, _keep) = $fixture;
                 let (a, b) = (OwnerToken::generate(), OwnerToken::generate());
                 let k = key("extend");
                 store
@@ -218,7 +177,7 @@ macro_rules! conformance {
 
             #[tokio::test]
             async fn try_lock_and_wait_timeout_errors_are_told_apart() {
-                let (store, _keep) = $fixture();
+                let (store, _keep) = $fixture;
                 let l = locker(store, 5_000, 0);
                 let k = key("errors");
                 let _held = l.acquire(&k).await.unwrap();
@@ -238,7 +197,7 @@ macro_rules! conformance {
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn mutual_exclusion_under_contention() {
-                let (store, _keep) = $fixture();
+                let (store, _keep) = $fixture;
                 let l = locker(store, 5_000, 30_000);
                 let k = key("mutex");
                 let inside = Arc::new(AtomicU32::new(0));
@@ -278,7 +237,7 @@ macro_rules! conformance {
 
             #[tokio::test]
             async fn the_watchdog_keeps_a_lease_alive_across_several_lease_lengths() {
-                let (store, _keep) = $fixture();
+                let (store, _keep) = $fixture;
                 let l = locker(store, 600, 0);
                 let k = key("watchdog");
                 let g = l.acquire(&k).await.unwrap();
@@ -298,7 +257,7 @@ macro_rules! conformance {
 
             #[tokio::test]
             async fn the_hold_cap_ends_the_lock_and_reports_it_lost() {
-                let (store, _keep) = $fixture();
+                let (store, _keep) = $fixture;
                 let l = Locker::builder(store)
                     .lease(Duration::from_millis(150))
                     .max_hold(Duration::from_millis(400))
@@ -326,7 +285,7 @@ macro_rules! conformance {
 
             #[tokio::test]
             async fn release_says_whether_we_still_owned_the_lock() {
-                let (store, _keep) = $fixture();
+                let (store, _keep) = $fixture;
                 let l = locker(store, 5_000, 0);
                 let k = key("release");
                 let g = l.acquire(&k).await.unwrap();
@@ -343,7 +302,7 @@ macro_rules! conformance {
 
             #[tokio::test]
             async fn guard_extend_renews_and_reports_loss() {
-                let (store, _keep) = $fixture();
+                let (store, _keep) = $fixture;
                 let l = locker(store, 5_000, 0);
                 let g = l.acquire(&key("guard-extend")).await.unwrap();
                 let before = g.valid_for();
@@ -356,7 +315,7 @@ macro_rules! conformance {
 
             #[tokio::test]
             async fn finish_stores_the_record_and_releases_in_one_step() {
-                let (store, _keep) = $fixture();
+                let (store, _keep) = $fixture;
                 let (a, b) = (OwnerToken::generate(), OwnerToken::generate());
                 let k = key("finish");
                 let lease = Duration::from_secs(10);
@@ -398,7 +357,7 @@ macro_rules! conformance {
 
             #[tokio::test]
             async fn a_holder_that_lost_its_lock_cannot_store_a_record() {
-                let (store, _keep) = $fixture();
+                let (store, _keep) = $fixture;
                 let (old, new) = (OwnerToken::generate(), OwnerToken::generate());
                 let k = key("finish-stale");
                 store
@@ -436,7 +395,7 @@ macro_rules! conformance {
 
             #[tokio::test]
             async fn records_expire_after_their_retention() {
-                let (store, _keep) = $fixture();
+                let (store, _keep) = $fixture;
                 let a = OwnerToken::generate();
                 let k = key("record-expiry");
                 store
@@ -467,7 +426,7 @@ macro_rules! conformance {
 
             #[tokio::test]
             async fn a_waiting_duplicate_gets_the_record_when_the_holder_finishes() {
-                let (store, _keep) = $fixture();
+                let (store, _keep) = $fixture;
                 let l = locker(store, 10_000, 10_000);
                 let k = key("wait-replay");
                 let tower_redis_lock::Acquired::Locked(first) =
@@ -499,7 +458,7 @@ macro_rules! conformance {
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn local_waiters_take_turns_and_a_releaser_queues_behind_them() {
-                let (store, _keep) = $fixture();
+                let (store, _keep) = $fixture;
                 let l = locker(store, 10_000, 30_000);
                 let k = key("fair");
                 let order = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -529,8 +488,8 @@ macro_rules! conformance {
     };
 }
 
-conformance!(memory, memory_fixture);
-conformance!(redis, redis_fixture);
-conformance!(redlock, redlock_fixture);
-conformance!(cluster, cluster_fixture);
-conformance!(sentinel, sentinel_fixture);
+conformance!(memory, stores::memory());
+conformance!(redis, stores::redis());
+conformance!(redlock, stores::redlock(3));
+conformance!(cluster, stores::cluster());
+conformance!(sentinel, stores::sentinel());

@@ -9,7 +9,7 @@
 
 mod support;
 
-use support::http::{Reply, send};
+use support::http::{Reply, join, send, spawn_send};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -234,24 +234,6 @@ impl Reply {
             .map(|v| v.to_str().unwrap())
             .collect()
     }
-
-    fn problem(&self, status: StatusCode) -> serde_json::Value {
-        assert_eq!(self.status, status, "{self:?}");
-        assert_eq!(self.all(&CONTENT_TYPE), ["application/problem+json"]);
-        assert!(!self.replayed());
-        let v: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
-        assert_eq!(v["status"], status.as_u16(), "{v}");
-        v
-    }
-}
-
-fn spawn_send(app: &Router, req: Request<Body>) -> tokio::task::JoinHandle<Reply> {
-    let app = app.clone();
-    tokio::spawn(async move { send(&app, req).await })
-}
-
-async fn join(task: tokio::task::JoinHandle<Reply>) -> Reply {
-    timeout(LIMIT, task).await.expect("no answer").unwrap()
 }
 
 async fn gate(rx: &mut mpsc::UnboundedReceiver<oneshot::Sender<()>>) -> oneshot::Sender<()> {

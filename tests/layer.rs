@@ -1,16 +1,19 @@
-//! Behaviour of the HTTP layer: through `Router::oneshot`, over real TCP
-//! (`axum::serve` on a free port), and against the `tower_test` mock. Layer
-//! logic runs on `MemoryStore`; wherever Redis behaviour is claimed, a real
-//! `redis-server` started by the test support on a free port.
+//! Behaviour of the HTTP layer that does not depend on the store: through
+//! `Router::oneshot` and against the `tower_test` mock, on `MemoryStore`;
+//! wherever Redis behaviour is claimed, a real `redis-server` started by the
+//! test support on a free port.
+//!
+//! What every store must do under the layer (contention, fencing tokens,
+//! mutual exclusion, no lock left behind, lock loss, replay, holding until
+//! the body ends) is one suite run against every store: `tests/layer_stores.rs`.
 
 mod support;
 
-use support::http::{Reply, read, send};
+use support::http::{Gate, Reply, join, post_to, read, send, spawn_send};
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -20,18 +23,15 @@ use axum::extract::Extension;
 use axum::routing::{get, post};
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
-use http_body_util::BodyExt;
+use http::header::CONTENT_TYPE;
+use http::{HeaderName, Request, Response, StatusCode};
 use support::RedisServer;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::sync::{Barrier, mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::timeout;
 use tower::{Layer, ServiceExt};
 use tower_redis_lock::{
-    FencingToken, KeyFrom, LockGuard, LockKey, LockLayer, LockStore, Locker, MemoryStore,
-    OnLockLost, OnMissingKey, OnStoreError, RedisStore,
+    FencingToken, KeyFrom, LockGuard, LockKey, LockLayer, Locker, MemoryStore, OnLockLost,
+    OnMissingKey, OnStoreError, RedisStore,
 };
 
 /// Upper bound on every wait for a condition. Reached only when the test
@@ -43,107 +43,16 @@ const LIMIT: Duration = Duration::from_secs(10);
 // ---------------------------------------------------------------------------
 
 impl Reply {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
     fn fencing(&self, header: &str) -> Option<u64> {
         self.headers
             .get(header)
             .map(|v| v.to_str().unwrap().parse().unwrap())
-    }
-
-    fn retry_after(&self) -> u64 {
-        self.headers
-            .get(RETRY_AFTER)
-            .unwrap_or_else(|| panic!("no Retry-After on {self:?}"))
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap()
-    }
-
-    /// Checks an RFC 9457 answer and returns its JSON.
-    fn problem(&self, status: StatusCode) -> serde_json::Value {
-        assert_eq!(self.status, status, "{}", self.text());
-        assert_eq!(
-            self.headers.get(CONTENT_TYPE).unwrap(),
-            "application/problem+json"
-        );
-        let v: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
-        assert_eq!(v["status"], status.as_u16(), "{v}");
-        assert!(v["detail"].as_str().is_some_and(|d| !d.is_empty()), "{v}");
-        v
-    }
-}
-
-fn post_to(uri: &str) -> Request<Body> {
-    Request::post(uri).body(Body::empty()).unwrap()
-}
-
-/// Sends in a task, so the test can go on while the handler runs.
-fn spawn_send(app: &Router, req: Request<Body>) -> tokio::task::JoinHandle<Reply> {
-    let app = app.clone();
-    tokio::spawn(async move { send(&app, req).await })
-}
-
-async fn join(task: tokio::task::JoinHandle<Reply>) -> Reply {
-    timeout(LIMIT, task)
-        .await
-        .expect("request did not finish")
-        .unwrap()
-}
-
-/// Lets handlers report that they started and then wait for the test: the
-/// test receives one `oneshot::Sender` per started handler and sends (or
-/// drops) it to let that handler finish.
-#[derive(Clone)]
-struct Gate {
-    started: mpsc::UnboundedSender<oneshot::Sender<()>>,
-}
-
-struct Gates(mpsc::UnboundedReceiver<oneshot::Sender<()>>);
-
-impl Gate {
-    fn new() -> (Gate, Gates) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        (Gate { started: tx }, Gates(rx))
-    }
-
-    async fn pass(&self) {
-        let (tx, rx) = oneshot::channel();
-        let _ = self.started.send(tx);
-        let _ = rx.await;
-    }
-}
-
-impl Gates {
-    /// Waits until a handler is inside the gate; the returned sender lets it out.
-    async fn started(&mut self) -> oneshot::Sender<()> {
-        timeout(LIMIT, self.0.recv())
-            .await
-            .expect("the handler did not start")
-            .unwrap()
-    }
-
-    fn none_started(&mut self) -> bool {
-        self.0.try_recv().is_err()
     }
 }
 
 /// Polls `cond` every 5 ms until it holds or `LIMIT` passes.
 async fn eventually(cond: impl AsyncFnMut() -> bool) -> bool {
     support::eventually(LIMIT, cond).await
-}
-
-/// Lets every task spawned so far run until it waits on something (on this
-/// current-thread runtime): a release wrongly sent in the background would
-/// have reached the memory store after this. A scheduling step, not a wait
-/// for time.
-async fn settle() {
-    for _ in 0..16 {
-        tokio::task::yield_now().await;
-    }
 }
 
 fn lock_key(ns: &str, id: &str) -> LockKey {
@@ -162,42 +71,6 @@ fn redis_lock_keys(server: &RedisServer) -> Vec<String> {
         .collect()
 }
 
-/// Serves `app` on 127.0.0.1 on a free port.
-async fn serve(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
-}
-
-fn raw_request(method: &str, path: &str, extra_headers: &str, close: bool) -> String {
-    let conn = if close { "Connection: close\r\n" } else { "" };
-    format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: 0\r\n{extra_headers}{conn}\r\n"
-    )
-}
-
-/// One HTTP/1.1 request on its own connection; returns the status and the
-/// whole raw answer.
-async fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(raw_request(method, path, "", true).as_bytes())
-        .await
-        .unwrap();
-    let mut buf = Vec::new();
-    timeout(LIMIT, s.read_to_end(&mut buf))
-        .await
-        .expect("no answer")
-        .unwrap();
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP answer: {text:?}"));
-    (status, text)
-}
-
 /// Flips its flag when dropped: shows that a handler's future was dropped.
 struct DropFlag(Arc<AtomicBool>);
 
@@ -208,70 +81,7 @@ impl Drop for DropFlag {
 }
 
 // ---------------------------------------------------------------------------
-// 1. Contention: status, Retry-After, problem body
-// ---------------------------------------------------------------------------
-
-#[tokio::test]
-async fn contention_answers_409_by_default_and_423_by_choice_with_retry_after_from_the_lease() {
-    // (contention status, lease, wait timeout)
-    let cases = [
-        (None, 30u64, Duration::ZERO),
-        (Some(StatusCode::LOCKED), 5, Duration::ZERO),
-        // A bounded wait that runs out answers like a try-lock.
-        (None, 30, Duration::from_millis(20)),
-    ];
-    for (status, lease_s, wait) in cases {
-        let (gate, mut gates) = Gate::new();
-        let locker = Locker::builder(MemoryStore::new())
-            .lease(Duration::from_secs(lease_s))
-            .wait_timeout(wait)
-            .build()
-            .unwrap();
-        let mut builder = LockLayer::builder(locker, KeyFrom::path_param("id")).namespace("orders");
-        if let Some(status) = status {
-            builder = builder.contention_status(status);
-        }
-        let app = Router::new()
-            .route(
-                "/orders/{id}/capture",
-                post(move || async move {
-                    gate.pass().await;
-                    "captured"
-                }),
-            )
-            .layer(builder.build().unwrap());
-
-        let holder = spawn_send(&app, post_to("/orders/o1/capture"));
-        let let_go = gates.started().await;
-
-        let r = send(&app, post_to("/orders/o1/capture")).await;
-        let v = r.problem(status.unwrap_or(StatusCode::CONFLICT));
-        assert_eq!(v["lock_key"], "orders:o1");
-        // The holder's remaining lease, in whole seconds rounded up. The
-        // watchdog renews every lease/3, so it never falls below 2/3 of it.
-        let after = r.retry_after();
-        assert!(
-            after >= lease_s * 2 / 3 && after <= lease_s,
-            "Retry-After {after} for a lease of {lease_s} s"
-        );
-        assert!(gates.none_started(), "the contender's handler ran");
-
-        let_go.send(()).unwrap();
-        let h = join(holder).await;
-        assert_eq!(h.status, StatusCode::OK, "{}", h.text());
-        assert_eq!(h.text(), "captured");
-        // Released before the answer left: the next request gets the lock.
-        let mut next = spawn_send(&app, post_to("/orders/o1/capture"));
-        tokio::select! {
-            let_go = gates.started() => let_go.send(()).unwrap(),
-            r = &mut next => panic!("the next request did not run: {r:?}"),
-        }
-        assert_eq!(join(next).await.status, StatusCode::OK);
-    }
-}
-
-// ---------------------------------------------------------------------------
-// 2. Fencing tokens
+// 1. A custom fencing header
 // ---------------------------------------------------------------------------
 
 async fn fencing_handler(guard: LockGuard, Extension(token): Extension<FencingToken>) -> String {
@@ -279,28 +89,7 @@ async fn fencing_handler(guard: LockGuard, Extension(token): Extension<FencingTo
 }
 
 #[tokio::test]
-async fn fencing_token_header_equals_the_extension_and_the_guard() {
-    let app = Router::new()
-        .route("/jobs/{id}", post(fencing_handler))
-        .layer(LockLayer::new(
-            MemoryStore::new(),
-            KeyFrom::path_param("id"),
-        ));
-
-    let mut last = 0;
-    for _ in 0..3 {
-        let r = send(&app, post_to("/jobs/j1")).await;
-        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-        let header = r.fencing("fencing-token").expect("no fencing-token header");
-        let text = r.text();
-        let (from_guard, from_ext) = text.split_once(' ').unwrap();
-        assert_eq!(from_guard.parse::<u64>().unwrap(), header);
-        assert_eq!(from_ext.parse::<u64>().unwrap(), header);
-        // Strictly increasing across grants of one key.
-        assert!(header > last, "{header} after {last}");
-        last = header;
-    }
-
+async fn a_custom_fencing_header_replaces_the_default() {
     let custom = Router::new()
         .route("/jobs/{id}", post(fencing_handler))
         .layer(
@@ -317,7 +106,7 @@ async fn fencing_token_header_equals_the_extension_and_the_guard() {
 }
 
 // ---------------------------------------------------------------------------
-// 3. Key sources and namespaces
+// 2. Key sources and namespaces
 // ---------------------------------------------------------------------------
 
 /// The lock key the handler saw, for one key source and one request.
@@ -503,7 +292,7 @@ async fn routes_under_one_layer_do_not_contend_unless_they_share_a_namespace() {
 }
 
 // ---------------------------------------------------------------------------
-// 4. Bodies: limits and bad JSON
+// 3. Bodies: limits and bad JSON
 // ---------------------------------------------------------------------------
 
 /// A body of `chunks` chunks of `chunk` bytes that counts the bytes pulled.
@@ -624,7 +413,7 @@ async fn body_keys_are_read_within_the_limit_and_bad_bodies_never_reach_the_hand
 }
 
 // ---------------------------------------------------------------------------
-// 5. Missing key; 6. missing layer
+// 4. Missing key; 5. missing layer
 // ---------------------------------------------------------------------------
 
 #[tokio::test]
@@ -688,7 +477,7 @@ async fn the_guard_extractor_without_the_layer_is_a_500_naming_the_layer() {
 }
 
 // ---------------------------------------------------------------------------
-// 7. Redis down
+// 6. Redis down
 // ---------------------------------------------------------------------------
 
 // Multi-threaded: the support's Redis calls block their thread.
@@ -750,242 +539,13 @@ async fn redis_down_fails_closed_with_503_or_open_by_choice() {
 }
 
 // ---------------------------------------------------------------------------
-// 8. Concurrent duplicates; 9. different keys
+// 7. A panicking service
 // ---------------------------------------------------------------------------
-
-/// `total` requests on one key from `clients` concurrent tasks, each waiting
-/// for the lock; the handler records overlaps and fencing tokens.
-async fn hammer_one_key<St: LockStore>(store: St, total: usize, clients: usize) {
-    let locker = Locker::builder(store)
-        .wait_timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
-    let in_flight = Arc::new(AtomicU32::new(0));
-    let overlaps = Arc::new(AtomicU32::new(0));
-    let tokens = Arc::new(Mutex::new(Vec::with_capacity(total)));
-    let handler = {
-        let (in_flight, overlaps, tokens) = (in_flight.clone(), overlaps.clone(), tokens.clone());
-        move |guard: LockGuard| async move {
-            if in_flight.fetch_add(1, Ordering::SeqCst) != 0 {
-                overlaps.fetch_add(1, Ordering::SeqCst);
-            }
-            tokens.lock().unwrap().push(guard.fencing_token().get());
-            // Give any other request the chance to come in.
-            for _ in 0..3 {
-                tokio::task::yield_now().await;
-            }
-            in_flight.fetch_sub(1, Ordering::SeqCst);
-            "done"
-        }
-    };
-    let app = Router::new()
-        .route("/orders/{id}/capture", post(handler))
-        .layer(
-            LockLayer::builder(locker, KeyFrom::path_param("id"))
-                .namespace("orders")
-                .build()
-                .unwrap(),
-        );
-
-    let mut tasks = Vec::new();
-    for c in 0..clients {
-        let app = app.clone();
-        let n = total / clients + usize::from(c < total % clients);
-        tasks.push(tokio::spawn(async move {
-            let mut statuses = Vec::with_capacity(n);
-            for _ in 0..n {
-                let res = app
-                    .clone()
-                    .oneshot(post_to("/orders/o1/capture"))
-                    .await
-                    .unwrap();
-                statuses.push(res.status());
-            }
-            statuses
-        }));
-    }
-    let mut ok = 0;
-    for t in tasks {
-        let statuses = timeout(Duration::from_secs(60), t)
-            .await
-            .expect("the requests did not finish")
-            .unwrap();
-        for s in statuses {
-            assert_eq!(s, StatusCode::OK);
-            ok += 1;
-        }
-    }
-    assert_eq!(ok, total);
-    assert_eq!(
-        overlaps.load(Ordering::SeqCst),
-        0,
-        "two holders ran at once"
-    );
-    let tokens = tokens.lock().unwrap();
-    assert_eq!(tokens.len(), total);
-    assert!(
-        tokens.windows(2).all(|w| w[0] < w[1]),
-        "fencing tokens not strictly increasing in grant order"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_duplicates_run_one_at_a_time_memory() {
-    hammer_one_key(MemoryStore::new(), 2_000, 32).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_duplicates_run_one_at_a_time_redis() {
-    let server = RedisServer::start();
-    hammer_one_key(redis_store(&server), 1_000, 32).await;
-    assert!(redis_lock_keys(&server).is_empty());
-}
 
 #[tokio::test]
-async fn different_keys_run_in_parallel() {
-    let barrier = Arc::new(Barrier::new(2));
-    let app = Router::new()
-        .route(
-            "/jobs/{id}",
-            post(move || async move {
-                match timeout(LIMIT, barrier.wait()).await {
-                    Ok(_) => (StatusCode::OK, "met"),
-                    Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "alone"),
-                }
-            }),
-        )
-        .layer(LockLayer::new(
-            MemoryStore::new(),
-            KeyFrom::path_param("id"),
-        ));
-    let a = spawn_send(&app, post_to("/jobs/a"));
-    let b = spawn_send(&app, post_to("/jobs/b"));
-    for r in [join(a).await, join(b).await] {
-        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-        assert_eq!(r.text(), "met");
-    }
-}
-
-// ---------------------------------------------------------------------------
-// 10. Client disconnect; 11. panic
-// ---------------------------------------------------------------------------
-
-/// `POST /jobs/{id}`: with `x-block: 1` the handler reports that it started
-/// and then never finishes; without it, it answers at once.
-fn blocking_app<St: LockStore>(locker: Locker<St>) -> (Router, mpsc::UnboundedReceiver<()>) {
-    let (started, rx) = mpsc::unbounded_channel();
-    let app = Router::new()
-        .route(
-            "/jobs/{id}",
-            post(move |headers: HeaderMap| async move {
-                if headers.contains_key("x-block") {
-                    let _ = started.send(());
-                    std::future::pending::<()>().await;
-                }
-                "done"
-            }),
-        )
-        .layer(
-            LockLayer::builder(locker, KeyFrom::path_param("id"))
-                .namespace("jobs")
-                .build()
-                .unwrap(),
-        );
-    (app, rx)
-}
-
-/// Blocks a handler over TCP, hangs up, and waits until `is_locked` says the
-/// lock is gone and a new request on the key succeeds.
-async fn hang_up_mid_handler<St: LockStore>(locker: Locker<St>, is_locked: impl Fn() -> bool) {
-    let (app, mut started) = blocking_app(locker);
-    let addr = serve(app).await;
-
-    let mut client = TcpStream::connect(addr).await.unwrap();
-    client
-        .write_all(raw_request("POST", "/jobs/a", "x-block: 1\r\n", false).as_bytes())
-        .await
-        .unwrap();
-    timeout(LIMIT, started.recv())
-        .await
-        .expect("the handler did not start")
-        .unwrap();
-    assert!(is_locked(), "the lock is not held while the handler runs");
-    let (status, text) = http(addr, "POST", "/jobs/a").await;
-    assert_eq!(status, 409, "{text}");
-
-    drop(client);
-    assert!(
-        eventually(async || !is_locked()).await,
-        "the lock outlived the client's connection"
-    );
-    let mut last = String::new();
-    let ok = eventually(async || {
-        let (status, text) = http(addr, "POST", "/jobs/a").await;
-        last = text;
-        status == 200
-    })
-    .await;
-    assert!(ok, "the key stayed locked after the client left: {last}");
-}
-
-#[tokio::test]
-async fn client_disconnect_mid_handler_releases_the_lock_memory() {
+async fn a_panicking_service_releases_the_lock() {
     let store = MemoryStore::new();
-    let key = lock_key("jobs", "a");
-    let probe = store.clone();
-    hang_up_mid_handler(Locker::new(store), move || probe.is_locked(&key)).await;
-}
-
-// Multi-threaded: the support's Redis calls block their thread.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_disconnect_mid_handler_releases_the_lock_redis() {
-    let server = RedisServer::start();
-    // The default 30 s lease: the key can only go away by being released.
-    let locker = Locker::new(redis_store(&server));
-    hang_up_mid_handler(locker, || !redis_lock_keys(&server).is_empty()).await;
-    assert!(eventually(async || redis_lock_keys(&server).is_empty()).await);
-}
-
-#[tokio::test]
-async fn a_panicking_handler_releases_the_lock() {
-    let store = MemoryStore::new();
-    let key = lock_key("jobs", "a");
-
-    // An axum handler, in a task: the JoinHandle reports the panic.
-    let panics = Arc::new(AtomicU32::new(0));
-    let p = panics.clone();
-    let app = Router::new()
-        .route(
-            "/jobs/{id}",
-            post(move |headers: HeaderMap| async move {
-                if headers.contains_key("x-panic") {
-                    p.fetch_add(1, Ordering::SeqCst);
-                    panic!("handler panicked on purpose");
-                }
-                "done"
-            }),
-        )
-        .layer(
-            LockLayer::builder(Locker::new(store.clone()), KeyFrom::path_param("id"))
-                .namespace("jobs")
-                .build()
-                .unwrap(),
-        );
-    let req = Request::post("/jobs/a")
-        .header("x-panic", "1")
-        .body(Body::empty())
-        .unwrap();
-    let task = tokio::spawn(app.clone().oneshot(req));
-    let err = timeout(LIMIT, task).await.unwrap().unwrap_err();
-    assert!(err.is_panic());
-    assert_eq!(panics.load(Ordering::SeqCst), 1);
-    assert!(
-        eventually(async || send(&app, post_to("/jobs/a")).await.status == StatusCode::OK).await,
-        "the key stayed locked after the handler panicked"
-    );
-    assert!(!store.is_locked(&key));
-
-    // A tower service, under `catch_unwind`.
+    // A tower service (not an axum handler), under `catch_unwind`.
     let svc = LockLayer::builder(Locker::new(store.clone()), KeyFrom::path())
         .namespace("svc")
         .build()
@@ -1017,7 +577,7 @@ async fn a_panicking_handler_releases_the_lock() {
 }
 
 // ---------------------------------------------------------------------------
-// 12. Lock loss
+// 8. Lock loss on Redis: the key deleted under the handler
 // ---------------------------------------------------------------------------
 
 // Multi-threaded: the support's Redis calls block their thread.
@@ -1104,7 +664,7 @@ async fn losing_the_lock_reaches_a_handler_that_keeps_running() {
 }
 
 // ---------------------------------------------------------------------------
-// 13. Service contract
+// 9. Service contract
 // ---------------------------------------------------------------------------
 
 #[tokio::test]
@@ -1170,7 +730,7 @@ async fn poll_ready_forwards_the_inner_readiness_and_call_uses_the_ready_service
 }
 
 // ---------------------------------------------------------------------------
-// 14. Configuration errors
+// 10. Configuration errors
 // ---------------------------------------------------------------------------
 
 #[tokio::test]
@@ -1218,122 +778,4 @@ async fn bad_settings_are_config_errors() {
         builder().body_limit(0).build().unwrap_err().setting(),
         "body_limit"
     );
-}
-
-// ---------------------------------------------------------------------------
-// 15. Holding the lock until the response body ends
-// ---------------------------------------------------------------------------
-
-/// `GET /feed/{id}` answers with a body the test feeds through the sender
-/// it receives (one per request that ran).
-fn streaming_app(hold: bool) -> (Router, mpsc::UnboundedReceiver<mpsc::Sender<Bytes>>) {
-    let (senders_tx, senders) = mpsc::unbounded_channel();
-    let app = Router::new()
-        .route(
-            "/feed/{id}",
-            get(move || async move {
-                let (tx, rx) = mpsc::channel::<Bytes>(1);
-                let _ = senders_tx.send(tx);
-                let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-                    rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
-                });
-                Body::from_stream(stream)
-            }),
-        )
-        .layer(
-            LockLayer::builder(Locker::new(MemoryStore::new()), KeyFrom::path_param("id"))
-                .namespace("feed")
-                .hold_until_body_end(hold)
-                .build()
-                .unwrap(),
-        );
-    (app, senders)
-}
-
-fn feed() -> Request<Body> {
-    Request::get("/feed/f1").body(Body::empty()).unwrap()
-}
-
-/// A request that must find the feed locked.
-async fn assert_feed_locked(app: &Router) {
-    let res = head(app).await;
-    assert_eq!(
-        res.status(),
-        StatusCode::CONFLICT,
-        "the feed was not locked"
-    );
-    read(res).await.problem(StatusCode::CONFLICT);
-}
-
-async fn head(app: &Router) -> Response<Body> {
-    timeout(LIMIT, app.clone().oneshot(feed()))
-        .await
-        .expect("no response head")
-        .unwrap()
-}
-
-#[tokio::test]
-async fn hold_until_body_end_keeps_the_lock_while_the_body_streams() {
-    let (app, mut senders) = streaming_app(true);
-
-    let first = head(&app).await;
-    assert_eq!(first.status(), StatusCode::OK);
-    let tx = senders.try_recv().expect("the handler did not run");
-    // Head sent, body not ended: still locked.
-    settle().await;
-    assert_feed_locked(&app).await;
-    assert!(senders.try_recv().is_err(), "a second handler ran");
-
-    // A first chunk out, more to come: still locked.
-    let mut first = first.into_body();
-    tx.send(Bytes::from_static(b"chunk")).await.unwrap();
-    let frame = timeout(LIMIT, first.frame())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert_eq!(frame.into_data().unwrap(), "chunk");
-    settle().await;
-    assert_feed_locked(&app).await;
-
-    // The body ends (and stays alive): the lock goes, in the background.
-    drop(tx);
-    assert!(timeout(LIMIT, first.frame()).await.unwrap().is_none());
-    let mut held_body = None;
-    assert!(
-        eventually(async || {
-            let res = head(&app).await;
-            let ok = res.status() == StatusCode::OK;
-            if ok {
-                held_body = Some(res);
-            }
-            ok
-        })
-        .await,
-        "still locked after the body ended"
-    );
-    drop(first);
-    let _tx = senders.try_recv().expect("the handler did not run");
-
-    // A body dropped before its end (client gone) releases too.
-    assert_feed_locked(&app).await;
-    drop(held_body);
-    assert!(
-        eventually(async || {
-            let res = head(&app).await;
-            res.status() == StatusCode::OK
-        })
-        .await,
-        "still locked after the body was dropped"
-    );
-}
-
-#[tokio::test]
-async fn without_hold_until_body_end_the_lock_goes_with_the_head() {
-    let (app, mut senders) = streaming_app(false);
-    let first = head(&app).await;
-    assert_eq!(first.status(), StatusCode::OK);
-    let _tx = senders.try_recv().expect("the handler did not run");
-    let second = head(&app).await;
-    assert_eq!(second.status(), StatusCode::OK);
 }

@@ -11,9 +11,9 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
 use http::{Request, StatusCode};
-use support::RedisServer;
+use support::{RedisServer, stores};
 use tower::ServiceExt;
-use tower_redis_lock::{Error, KeyFrom, LockKey, LockLayer, Locker, RedisStore, RedlockStore};
+use tower_redis_lock::{Error, KeyFrom, LockKey, LockLayer, Locker, RedlockStore};
 
 fn servers(n: usize) -> Vec<RedisServer> {
     let handles: Vec<_> = (0..n)
@@ -23,16 +23,7 @@ fn servers(n: usize) -> Vec<RedisServer> {
 }
 
 fn redlock(servers: &[RedisServer]) -> RedlockStore {
-    let nodes = servers
-        .iter()
-        .map(|s| {
-            RedisStore::from_url(&s.url())
-                .unwrap()
-                .with_command_timeout(Duration::from_millis(100))
-                .unwrap()
-        })
-        .collect();
-    RedlockStore::new(nodes).unwrap()
+    stores::redlock_over(servers, Duration::from_millis(100))
 }
 
 /// Many tasks on one key; counts overlaps of the critical section.

@@ -267,20 +267,6 @@ impl Reply {
         assert_eq!(self.header("content-type"), original.header("content-type"));
         assert_eq!(self.header("fencing-token"), None);
     }
-
-    /// An RFC 9457 problem answer with `status`.
-    fn problem(&self, status: StatusCode) -> serde_json::Value {
-        assert_eq!(self.status, status, "{self:?}");
-        assert_eq!(
-            self.header("content-type"),
-            Some("application/problem+json"),
-            "{self:?}"
-        );
-        assert!(!self.replayed(), "{self:?}");
-        let v = self.json();
-        assert_eq!(v["status"], status.as_u16(), "{v}");
-        v
-    }
 }
 
 /// The ledger as `GET /ledger` shows it.

@@ -1,18 +1,20 @@
 //! Test support: throwaway `redis-server` processes and a tiny blocking RESP client.
 //!
 //! Used by the integration tests (`mod support;`) and by the benches
-//! (`#[path = "../tests/support/mod.rs"] mod support;`). It depends only on std,
-//! `libc` and `tempfile`, so it compiles on its own, independent of the crate.
+//! (`#[path = "../tests/support/mod.rs"] mod support;`). This file depends only on
+//! std, `libc` and `tempfile`; [`http`] adds axum, and [`stores`] the crate's stores.
 //!
 //! Every server runs on its own free port with its own temporary directory and
 //! is killed when its [`RedisServer`] is dropped, or when the test process dies
 //! (the child is spawned with `PR_SET_PDEATHSIG = SIGKILL`).
 //!
-//! [`topology`] builds Sentinel sets, Redis Clusters and independent primaries from them.
+//! [`topology`] builds Sentinel sets, Redis Clusters and independent primaries from them;
+//! [`stores`] has one fixture per store for the suites run against every store.
 
 #![allow(dead_code)]
 
 pub mod http;
+pub mod stores;
 pub mod topology;
 
 use std::collections::BTreeMap;

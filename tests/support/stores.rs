@@ -1,0 +1,60 @@
+//! One fixture per store, for the suites written once and run against every
+//! store (`tests/conformance.rs`, `tests/layer_stores.rs`).
+//!
+//! Each fixture returns the store and whatever must stay alive with it: the
+//! `redis-server` processes behind it, killed when that value is dropped.
+
+use std::time::Duration;
+
+use tower_redis_lock::{MemoryStore, RedisStore, RedlockStore};
+
+use super::RedisServer;
+use super::topology::{Cluster, SentinelSet, start_independent};
+
+/// The in-process store; nothing to keep alive.
+pub fn memory() -> (MemoryStore, ()) {
+    (MemoryStore::new(), ())
+}
+
+/// One Redis primary.
+pub fn redis() -> (RedisStore, RedisServer) {
+    let server = RedisServer::start();
+    let store = RedisStore::from_url(&server.url()).unwrap();
+    (store, server)
+}
+
+/// Redlock over `primaries` independent Redis primaries (started in parallel).
+pub fn redlock(primaries: usize) -> (RedlockStore, Vec<RedisServer>) {
+    let servers = start_independent(primaries);
+    (redlock_over(&servers, Duration::from_millis(500)), servers)
+}
+
+/// Redlock over `servers`, each node's calls bounded by `command_timeout`.
+pub fn redlock_over(servers: &[RedisServer], command_timeout: Duration) -> RedlockStore {
+    let nodes = servers
+        .iter()
+        .map(|s| {
+            RedisStore::from_url(&s.url())
+                .unwrap()
+                .with_command_timeout(command_timeout)
+                .unwrap()
+        })
+        .collect();
+    RedlockStore::new(nodes).unwrap()
+}
+
+/// A Redis Cluster of 3 primaries.
+pub fn cluster() -> (RedisStore, Cluster) {
+    let cluster = Cluster::start(3);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    (RedisStore::cluster(&urls).unwrap(), cluster)
+}
+
+/// A primary with one replica behind 3 sentinels.
+pub fn sentinel() -> (RedisStore, SentinelSet) {
+    let set = SentinelSet::start();
+    let urls = set.sentinel_urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    (RedisStore::sentinel(&urls, &set.master_name).unwrap(), set)
+}
