@@ -98,6 +98,7 @@ async fn every_scenario<St: LockStore + Clone>(store_name: &str, store: St) {
         an_in_flight_duplicate_gets_409_and_later_the_replay,
         a_waiting_duplicate_gets_the_replay_when_the_first_finishes,
         different_keys_run_in_parallel,
+        nested_layers_and_the_handler_reenter_one_lock,
     );
     let total = scenarios.len();
     let mut failed = Vec::new();
@@ -758,5 +759,37 @@ async fn different_keys_run_in_parallel<St: LockStore + Clone>(store: St) {
     for r in [join(a).await, join(b).await] {
         assert_eq!(r.status, StatusCode::OK, "{r:?}");
         assert_eq!(r.text(), "met");
+    }
+}
+
+async fn nested_layers_and_the_handler_reenter_one_lock<St: LockStore + Clone>(store: St) {
+    // Two layers on one key (try-lock both) and a handler that locks the
+    // key again through a locker on a clone of the store: one grant, three
+    // holds, one token; none of them waits for itself.
+    let inner_locker = Locker::new(store.clone());
+    let probe = Locker::new(store.clone());
+    let handler = post(move |guard: LockGuard| {
+        let locker = inner_locker.clone();
+        async move {
+            let again = locker.acquire(guard.key()).await.unwrap();
+            assert_eq!(again.fencing_token(), guard.fencing_token());
+            let holds = again.hold_count();
+            again.release().await.unwrap();
+            assert!(guard.is_held(), "the layers' holds keep the lock");
+            holds.to_string()
+        }
+    });
+    let app = Router::new().route(
+        "/jobs/{id}",
+        handler
+            .route_layer(layer(Locker::new(store.clone()), "reentry"))
+            .route_layer(layer(Locker::new(store), "reentry")),
+    );
+    for _ in 0..2 {
+        let r = send(&app, post_to("/jobs/r")).await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+        assert_eq!(r.text(), "3");
+        // Released with the last hold, before the response went out.
+        assert!(lockable(&probe, &key("reentry", "r")).await);
     }
 }
