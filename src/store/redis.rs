@@ -63,15 +63,22 @@ return 1
 "#;
 static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_SRC));
 
+// Release and finish announce the release with ARGV[n] (`PUBLISH`, or
+// `SPUBLISH` on a cluster: the channel shares the lock's hash tag, so it is
+// in the script's slot) on the channel ARGV[n + 1]. `pcall`: a server that
+// lacks the command (a cluster before Redis 7) still releases; its waiters
+// poll.
+
 // KEYS[1] lock, KEYS[2] record
-// ARGV[1] owner, ARGV[2] record, ARGV[3] retention ms, ARGV[4] release channel
+// ARGV[1] owner, ARGV[2] record, ARGV[3] retention ms,
+// ARGV[4] publish command, ARGV[5] release channel
 // -> 1 stored and released, 0 not owner (nothing stored)
 const FINISH_SRC: &str = r#"
 local cur = redis.call('GET', KEYS[1])
 if cur and string.sub(cur, 1, 32) == ARGV[1] then
   redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
   redis.call('DEL', KEYS[1])
-  if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], '') end
+  redis.pcall(ARGV[4], ARGV[5], '')
   return 1
 end
 return 0
@@ -88,12 +95,13 @@ return 0
 "#;
 static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_SRC));
 
-// KEYS[1] lock; ARGV[1] owner, ARGV[2] release channel -> 1 released, 0 not owner
+// KEYS[1] lock; ARGV[1] owner, ARGV[2] publish command, ARGV[3] release
+// channel -> 1 released, 0 not owner
 const RELEASE_SRC: &str = r#"
 local cur = redis.call('GET', KEYS[1])
 if cur and string.sub(cur, 1, 32) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], '') end
+  redis.pcall(ARGV[2], ARGV[3], '')
   return 1
 end
 return 0
@@ -175,18 +183,6 @@ impl redis::ToRedisArgs for Name<'_> {
         use std::io::Write as _;
         // Writing into the argument buffer cannot fail.
         let _ = write!(out.writer_for_next_arg(), "{self}");
-    }
-}
-
-/// A release script's channel argument: empty means "publish nothing".
-struct PublishTo<'a>(Option<Name<'a>>);
-
-impl redis::ToRedisArgs for PublishTo<'_> {
-    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        match &self.0 {
-            Some(name) => name.write_redis_args(out),
-            None => out.write_arg(b""),
-        }
     }
 }
 
@@ -451,13 +447,13 @@ impl RedisStore {
         }
     }
 
-    /// The channel passed to release scripts: none (publish nothing) on a
-    /// cluster, where a PUBLISH would go to every node.
-    fn publish_channel<'a>(&'a self, key: &'a LockKey) -> PublishTo<'a> {
-        PublishTo(match self.inner.source {
-            Source::Cluster(_) => None,
-            _ => Some(self.name(key, RELEASED)),
-        })
+    /// How release scripts announce a release: sharded on a cluster (a
+    /// plain PUBLISH there would be broadcast to every node).
+    fn publish_command(&self) -> &'static str {
+        match self.inner.source {
+            Source::Cluster(_) => "SPUBLISH",
+            _ => "PUBLISH",
+        }
     }
 
     // Builder methods run before the store is shared.
@@ -736,7 +732,8 @@ impl LockStore for RedisStore {
             .arg(owner.as_str())
             .arg(record.as_ref())
             .arg(ms(retention))
-            .arg(self.publish_channel(key));
+            .arg(self.publish_command())
+            .arg(self.name(key, RELEASED));
         let n: i64 = self
             .with_conn(Operation::Release, Some(key), |mut c| async move {
                 inv.invoke_async(&mut c).await
@@ -815,7 +812,9 @@ impl LockStore for RedisStore {
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
         let mut inv = RELEASE.key(self.name(key, LOCK));
-        inv.arg(owner.as_str()).arg(self.publish_channel(key));
+        inv.arg(owner.as_str())
+            .arg(self.publish_command())
+            .arg(self.name(key, RELEASED));
         let n: i64 = self
             .with_conn(Operation::Release, Some(key), |mut c| async move {
                 inv.invoke_async(&mut c).await
