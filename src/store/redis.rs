@@ -333,7 +333,10 @@ impl RedisStore {
     pub fn cluster(node_urls: &[&str]) -> Result<Self, Error> {
         let client = redis::cluster::ClusterClient::new(node_urls.to_vec())
             .map_err(|e| Error::Config(ConfigError::new("cluster_urls", e.to_string())))?;
-        Ok(Self::with_source(Source::Cluster(Box::new(client))))
+        let mut store = Self::with_source(Source::Cluster(Box::new(client)));
+        let nodes = node_urls.iter().map(|u| u.to_string()).collect();
+        store.inner_mut().pubsub = Some(PubSubSource::Cluster(nodes));
+        Ok(store)
     }
 
     /// After each grant, `WAIT` until `replicas` replicas have the write or
@@ -384,7 +387,17 @@ impl RedisStore {
 
     /// Uses `client` for one shared pub/sub connection that wakes waiters as
     /// soon as a lock is released.
+    ///
+    /// A [cluster](RedisStore::cluster) store keeps its own notifications
+    /// (sharded, from the nodes that own the locks) and ignores this, with a
+    /// warning: a plain subscription on one node would miss its releases.
     pub fn with_notifications(mut self, client: redis::Client) -> Self {
+        if let Source::Cluster(_) = self.inner.source {
+            tracing::warn!(
+                "with_notifications is ignored on a cluster store: it is notified by sharded pub/sub"
+            );
+            return self;
+        }
         self.inner_mut().pubsub = Some(PubSubSource::Client(Box::new(client)));
         self
     }
