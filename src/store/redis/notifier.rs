@@ -547,12 +547,13 @@ impl Task {
                 .conn
                 .as_ref()
                 .is_some_and(|c| c.sub.keep_after_failure());
-            if all_failed
+            if let Some(why) = all_failed
                 .iter()
                 .chain(failed.values())
-                .any(Failure::is_unsupported)
+                .find(|f| f.is_unsupported())
             {
-                self.fall_back_to_polling();
+                let why = why.clone();
+                self.fall_back_to_polling(&why);
             } else if !failed.is_empty() && !keep {
                 self.close();
             }
@@ -597,11 +598,18 @@ impl Task {
         Ok(())
     }
 
-    fn fall_back_to_polling(&mut self) {
+    fn fall_back_to_polling(&mut self, why: &Failure) {
+        let needs = match self.source {
+            PubSubSource::Cluster(_) => "sharded pub/sub (SSUBSCRIBE, Redis 7)",
+            _ => "pub/sub (SUBSCRIBE)",
+        };
+        let error = match why {
+            Failure::Redis(e) => e.to_string(),
+            Failure::Timeout => String::new(),
+        };
         tracing::warn!(
-            sharded = matches!(self.source, PubSubSource::Cluster(_)),
-            "Redis rejects the subscribe command (sharded pub/sub needs Redis 7): \
-             no release notifications, waiters poll"
+            %error,
+            "Redis does not offer {needs}: no release notifications, waiters poll"
         );
         self.polling = true;
         self.conn = None;
