@@ -125,7 +125,8 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SRC));
 ///   all waiters, when the store has a [`redis::Client`] for it
 ///   ([`from_url`](RedisStore::from_url) or
 ///   [`with_notifications`](RedisStore::with_notifications)); without one,
-///   waiters poll;
+///   waiters poll. A [cluster](RedisStore::cluster) store always has one,
+///   using sharded pub/sub;
 /// * every call is bounded by the command timeout (default 2 s), so a Redis
 ///   that is down or frozen gives [`Error::Unavailable`], never a hang.
 ///
@@ -327,9 +328,17 @@ impl RedisStore {
 
     /// A store on a Redis Cluster, given some of its nodes. Every lock's
     /// keys share one hash tag, so each script touches one slot; MOVED and
-    /// ASK are followed by the cluster client. Waiters poll (no cluster-wide
-    /// PUBLISH on release); renewals go out concurrently on the cluster
-    /// connection, which pipelines them per node.
+    /// ASK are followed by the cluster client; renewals go out concurrently
+    /// on the cluster connection, which pipelines them per node.
+    ///
+    /// Release notifications use sharded pub/sub (Redis 7): a release
+    /// `SPUBLISH`es on the lock's channel, which shares its slot, and
+    /// waiters `SSUBSCRIBE` over one RESP3 cluster connection per store, on
+    /// the node that owns the slot. When a slot moves, a node connection
+    /// breaks or the server drops a subscription, the waiters concerned are
+    /// woken to try again and the subscription is renewed where the slot now
+    /// lives. A cluster that rejects `SSUBSCRIBE` (before Redis 7) still
+    /// releases; its waiters poll, and a warning says so once.
     pub fn cluster(node_urls: &[&str]) -> Result<Self, Error> {
         let client = redis::cluster::ClusterClient::new(node_urls.to_vec())
             .map_err(|e| Error::Config(ConfigError::new("cluster_urls", e.to_string())))?;
