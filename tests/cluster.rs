@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use support::topology::Cluster;
-use tower_redis_lock::{LockKey, Locker, RedisStore};
+use support::{RedisServer, eventually};
+use tower_redis_lock::{Acquired, LockKey, Locker, Record, RedisStore};
 
 fn store(cluster: &Cluster) -> RedisStore {
     let urls = cluster.urls();
@@ -22,6 +23,17 @@ fn locker(cluster: &Cluster, lease_ms: u64, wait_ms: u64) -> Locker<RedisStore> 
         .poll_interval(Duration::from_millis(5))
         .build()
         .unwrap()
+}
+
+/// The lowest slot `node` owns (the first a reshard from it moves).
+fn first_slot(cluster: &Cluster, node: usize) -> u16 {
+    let (first, _, _) = cluster
+        .slot_ranges()
+        .into_iter()
+        .filter(|&(_, _, owner)| owner == node)
+        .min()
+        .unwrap();
+    first
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -91,12 +103,7 @@ async fn a_slot_migration_under_load_loses_no_lock() {
     let l = locker(&cluster, 600, 0);
     // Locks whose slots are among the first ones node 0 owns: a reshard of
     // 200 slots from node 0 moves them.
-    let (first, _, _) = cluster
-        .slot_ranges()
-        .into_iter()
-        .filter(|&(_, _, node)| node == 0)
-        .min()
-        .unwrap();
+    let first = first_slot(&cluster, 0);
     let mut ids = Vec::new();
     let mut i = 0;
     while ids.len() < 5 {
@@ -131,4 +138,310 @@ async fn a_slot_migration_under_load_loses_no_lock() {
     for g in guards {
         assert!(g.release().await.unwrap());
     }
+}
+
+/// Bound on each condition wait below.
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// A locker whose waiters only a release notification wakes within a
+/// test: they wait up to an hour and, as the lease is two, nap at least
+/// half an hour between polls.
+fn notified_locker(cluster: &Cluster) -> Locker<RedisStore> {
+    notified(store(cluster))
+}
+
+fn notified(store: RedisStore) -> Locker<RedisStore> {
+    Locker::builder(store)
+        .lease(Duration::from_secs(7200))
+        .wait_timeout(Duration::from_secs(3600))
+        .poll_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap()
+}
+
+/// What a waiter got, if it got it within [`LIMIT`]; else the release
+/// notification did not reach it.
+async fn granted(waiter: Waiter) -> Acquired {
+    match tokio::time::timeout(LIMIT, waiter).await {
+        Ok(joined) => joined.unwrap().unwrap(),
+        Err(_) => panic!("the waiter was not woken by the release"),
+    }
+}
+
+type Waiter = tokio::task::JoinHandle<Result<Acquired, tower_redis_lock::Error>>;
+
+/// A key `cl:<prefix><n>` whose slot node `node` owns and, if given, lies
+/// in `slots`.
+fn key_on(
+    cluster: &Cluster,
+    node: usize,
+    slots: Option<std::ops::Range<u16>>,
+    prefix: &str,
+) -> LockKey {
+    (0..)
+        .map(|n| format!("{prefix}{n}"))
+        .find(|id| {
+            let slot = cluster.slot_of(&format!("{{cl:{id}}}"));
+            slots.as_ref().is_none_or(|r| r.contains(&slot)) && cluster.node_for_slot(slot) == node
+        })
+        .map(|id| LockKey::new("cl", id).unwrap())
+        .unwrap()
+}
+
+/// Clients subscribed to the shard channel `channel` on `node`.
+fn shard_subscribers(node: &RedisServer, channel: &str) -> i64 {
+    node.cmd(&["PUBSUB", "SHARDNUMSUB", channel])
+        .as_array()
+        .unwrap()[1]
+        .as_int()
+        .unwrap()
+}
+
+/// Starts `waiters` waiting for `k` (held elsewhere) and returns once the
+/// waiter is subscribed on `node` and has tried again after subscribing, so
+/// that from then on only a notification wakes it.
+async fn start_waiting(waiters: &Locker<RedisStore>, k: &LockKey, node: &RedisServer) -> Waiter {
+    let channel = waiters.store().release_channel(k);
+    let tries = node.command_calls("evalsha");
+    let waiter = {
+        let (l, k) = (waiters.clone(), k.clone());
+        tokio::spawn(async move { l.acquire_or_replay(&k, l.wait_timeout()).await })
+    };
+    // Its first try, then its try after subscribing.
+    assert!(
+        eventually(LIMIT, async || {
+            shard_subscribers(node, &channel) == 1 && node.command_calls("evalsha") >= tries + 2
+        })
+        .await,
+        "{k}: the waiter did not subscribe on port {}",
+        node.port()
+    );
+    waiter
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_and_finish_wake_waiters_by_sharded_notification_on_every_primary() {
+    let cluster = Cluster::start(3);
+    // Separate stores: a release by the holder cannot wake the waiter
+    // in-process, only through Redis.
+    let holders = locker(&cluster, 120_000, 0);
+    let waiters = notified_locker(&cluster);
+    let mut record = Record::new(http::StatusCode::CREATED);
+    record.body = bytes::Bytes::from_static(b"done");
+    for node in 0..cluster.nodes.len() {
+        let owner = &cluster.nodes[node];
+        for finish in [false, true] {
+            let k = key_on(&cluster, node, None, &format!("wake-{finish}-"));
+            let holder = holders.acquire(&k).await.unwrap();
+            let waiter = start_waiting(&waiters, &k, owner).await;
+            if finish {
+                assert!(
+                    holder
+                        .finish(&record, Duration::from_secs(60))
+                        .await
+                        .unwrap()
+                );
+            } else {
+                assert!(holder.release().await.unwrap());
+            }
+            match granted(waiter).await {
+                Acquired::Completed(got) if finish => assert_eq!(got, record),
+                Acquired::Locked(g) if !finish => assert!(g.release().await.unwrap()),
+                other => panic!("{k} on node {node}, finish {finish}: {other:?}"),
+            }
+            // The subscription went with the last waiter.
+            let channel = waiters.store().release_channel(&k);
+            assert!(
+                eventually(LIMIT, async || shard_subscribers(owner, &channel) == 0).await,
+                "{channel} still subscribed on node {node}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_after_the_slot_of_its_key_moves_to_another_node() {
+    let cluster = Cluster::start(3);
+    let holders = locker(&cluster, 120_000, 0);
+    let waiters = notified_locker(&cluster);
+    // A key among the first slots of node 0, which the reshard moves to 1.
+    let first = first_slot(&cluster, 0);
+    let k = key_on(&cluster, 0, Some(first..first + 20), "moving-");
+    let channel = waiters.store().release_channel(&k);
+    let holder = holders.acquire(&k).await.unwrap();
+    let waiter = start_waiting(&waiters, &k, &cluster.nodes[0]).await;
+
+    cluster.reshard(0, 1, 20);
+    let slot = cluster.slot_of(&format!("{{{k}}}"));
+    assert_eq!(cluster.node_for_slot(slot), 1, "{k} did not move");
+    // Node 0 dropped the subscription; it is renewed on node 1.
+    assert!(
+        eventually(LIMIT, async || {
+            shard_subscribers(&cluster.nodes[1], &channel) == 1
+                && shard_subscribers(&cluster.nodes[0], &channel) == 0
+        })
+        .await,
+        "{channel} was not subscribed again on the new owner"
+    );
+    assert!(holder.is_held());
+    assert!(holder.release().await.unwrap());
+    match granted(waiter).await {
+        Acquired::Locked(g) => assert!(g.release().await.unwrap()),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        eventually(LIMIT, async || shard_subscribers(
+            &cluster.nodes[1],
+            &channel
+        ) == 0)
+        .await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_pubsub_connection_wakes_its_waiters_and_is_subscribed_again() {
+    let cluster = Cluster::start(3);
+    let holders = locker(&cluster, 120_000, 0);
+    let waiters = notified_locker(&cluster);
+    let node = &cluster.nodes[2];
+    let k = key_on(&cluster, 2, None, "killed-");
+    let channel = waiters.store().release_channel(&k);
+    let holder = holders.acquire(&k).await.unwrap();
+    let waiter = start_waiting(&waiters, &k, node).await;
+
+    let tries = node.command_calls("evalsha");
+    let killed = node.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    assert_eq!(killed.as_int(), Some(1), "{killed:?}");
+    // A release could have been missed: the waiter tries again at once
+    // (the lock is held for 120 s and it polls every 60 s), and its
+    // subscription comes back.
+    assert!(
+        eventually(LIMIT, async || {
+            node.command_calls("evalsha") > tries && shard_subscribers(node, &channel) == 1
+        })
+        .await,
+        "the waiter was not woken, or not subscribed again"
+    );
+    assert!(holder.release().await.unwrap());
+    match granted(waiter).await {
+        Acquired::Locked(g) => assert!(g.release().await.unwrap()),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_one_store_share_a_subscription_that_ends_with_the_last() {
+    let cluster = Cluster::start(3);
+    let holders = locker(&cluster, 120_000, 0);
+    let shared = store(&cluster);
+    // Two lockers (two local queues) on one store: one notifier.
+    let (first, second) = (notified(shared.clone()), notified(shared.clone()));
+    let node = &cluster.nodes[1];
+    let k = key_on(&cluster, 1, None, "shared-");
+    let channel = shared.release_channel(&k);
+    let holder = holders.acquire(&k).await.unwrap();
+    let one = start_waiting(&first, &k, node).await;
+    let two = start_waiting(&second, &k, node).await;
+    assert_eq!(shard_subscribers(node, &channel), 1);
+
+    // The first leaves; the second is still notified.
+    one.abort();
+    assert!(one.await.unwrap_err().is_cancelled());
+    assert!(!first.has_waiters(&k));
+    assert!(holder.release().await.unwrap());
+    let Acquired::Locked(g) = granted(two).await else {
+        panic!("no record was stored");
+    };
+    assert!(
+        eventually(LIMIT, async || shard_subscribers(node, &channel) == 0).await,
+        "{channel} still subscribed after its last waiter left"
+    );
+    assert!(g.release().await.unwrap());
+}
+
+/// Log lines written while the guard of [`Logs::capture`] lives (on this
+/// thread: use a current-thread runtime).
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(move || writer.clone())
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn without_sharded_pubsub_releases_still_work_and_waiters_poll() {
+    // Nodes that know neither SSUBSCRIBE nor SPUBLISH, as before Redis 7.
+    let cluster = Cluster::start_with(
+        3,
+        &[
+            "--rename-command",
+            "SSUBSCRIBE",
+            "",
+            "--rename-command",
+            "SPUBLISH",
+            "",
+        ],
+    );
+    let (logs, _guard) = Logs::capture();
+    let holders = locker(&cluster, 120_000, 0);
+    // Polls every 5 ms.
+    let waiters = locker(&cluster, 120_000, 20_000);
+    let k = key_on(&cluster, 0, None, "polling-");
+    let holder = holders.acquire(&k).await.unwrap();
+    let waiter = {
+        let (l, k) = (waiters.clone(), k.clone());
+        tokio::spawn(async move { l.acquire_or_replay(&k, l.wait_timeout()).await })
+    };
+    assert!(
+        eventually(LIMIT, async || logs.text().contains("waiters poll")).await,
+        "no log line about the fallback: {}",
+        logs.text()
+    );
+    assert!(waiters.has_waiters(&k));
+    // The release script's SPUBLISH fails; the release does not.
+    assert!(holder.release().await.unwrap());
+    match granted(waiter).await {
+        Acquired::Locked(g) => assert!(g.release().await.unwrap()),
+        other => panic!("{other:?}"),
+    }
+    // Said once per store, not once per waiter.
+    let k = key_on(&cluster, 1, None, "polling-");
+    let holder = holders.acquire(&k).await.unwrap();
+    let waiter = {
+        let (l, k) = (waiters.clone(), k.clone());
+        tokio::spawn(async move { l.acquire(&k).await })
+    };
+    assert!(eventually(LIMIT, async || waiters.has_waiters(&k)).await);
+    assert!(holder.release().await.unwrap());
+    assert!(waiter.await.unwrap().unwrap().release().await.unwrap());
+    assert_eq!(
+        logs.text().matches("waiters poll").count(),
+        1,
+        "{}",
+        logs.text()
+    );
 }

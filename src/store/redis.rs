@@ -1,20 +1,20 @@
 //! The store on one Redis primary.
 
-use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
-use redis::aio::{MultiplexedConnection, PubSubSink};
+use redis::aio::MultiplexedConnection;
 use redis::{RedisError, Script};
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::JoinHandle;
 
 use super::{AcquireOutcome, LockStore, ReleaseWatch, Renewal};
 use crate::error::{BoxError, ConfigError};
 use crate::key::validate_name;
 use crate::{Error, FencingToken, LockKey, Operation, OwnerToken};
+
+mod notifier;
+
+use notifier::{Notifier, PubSubSource};
 
 // The lock value is the owner token; the fencing counter is a key of its own
 // that holds the last token minted for the lock (so, while the lock is held,
@@ -67,15 +67,21 @@ return 1
 "#;
 static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_SRC));
 
+// Release and finish announce the release with ARGV[n] (`PUBLISH`, or
+// `SPUBLISH` on a cluster: the channel shares the lock's hash tag, so it is
+// in the script's slot) on the channel ARGV[n + 1]. `pcall`: a server that
+// lacks the command (a cluster before Redis 7) still releases; its waiters
+// poll.
+
 // KEYS[1] lock, KEYS[2] record
-// ARGV[1] owner, ARGV[2] record, ARGV[3] retention ms, ARGV[4] release channel
+// ARGV[1] owner, ARGV[2] record, ARGV[3] retention ms,
+// ARGV[4] publish command, ARGV[5] release channel
 // -> 1 stored and released, 0 not owner (nothing stored)
 const FINISH_SRC: &str = r#"
-local cur = redis.call('GET', KEYS[1])
-if cur and string.sub(cur, 1, 32) == ARGV[1] then
+if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
   redis.call('DEL', KEYS[1])
-  if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], '') end
+  redis.pcall(ARGV[4], ARGV[5], '')
   return 1
 end
 return 0
@@ -91,12 +97,12 @@ return 0
 "#;
 static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_SRC));
 
-// KEYS[1] lock; ARGV[1] owner, ARGV[2] release channel -> 1 released, 0 not owner
+// KEYS[1] lock; ARGV[1] owner, ARGV[2] publish command, ARGV[3] release
+// channel -> 1 released, 0 not owner
 const RELEASE_SRC: &str = r#"
-local cur = redis.call('GET', KEYS[1])
-if cur and string.sub(cur, 1, 32) == ARGV[1] then
+if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], '') end
+  redis.pcall(ARGV[2], ARGV[3], '')
   return 1
 end
 return 0
@@ -120,7 +126,8 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SRC));
 ///   all waiters, when the store has a [`redis::Client`] for it
 ///   ([`from_url`](RedisStore::from_url) or
 ///   [`with_notifications`](RedisStore::with_notifications)); without one,
-///   waiters poll;
+///   waiters poll. A [cluster](RedisStore::cluster) store always has one,
+///   using sharded pub/sub;
 /// * every call is bounded by the command timeout (default 2 s), so a Redis
 ///   that is down or frozen gives [`Error::Unavailable`], never a hang.
 ///
@@ -181,41 +188,12 @@ impl redis::ToRedisArgs for Name<'_> {
     }
 }
 
-/// A release script's channel argument: empty means "publish nothing".
-struct PublishTo<'a>(Option<Name<'a>>);
-
-impl redis::ToRedisArgs for PublishTo<'_> {
-    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        match &self.0 {
-            Some(name) => name.write_redis_args(out),
-            None => out.write_arg(b""),
-        }
-    }
-}
-
 /// Where command connections come from.
 #[derive(Clone)]
 enum Source {
     Pool(deadpool_redis::Pool),
     Sentinel(Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
     Cluster(Box<redis::cluster::ClusterClient>),
-}
-
-/// Where the pub/sub connection comes from (re-resolved on reconnect, so it
-/// follows a Sentinel failover).
-#[derive(Clone)]
-enum PubSubSource {
-    Client(Box<redis::Client>),
-    Sentinel(Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
-}
-
-impl PubSubSource {
-    async fn client(&self) -> Result<redis::Client, RedisError> {
-        match self {
-            PubSubSource::Client(c) => Ok((**c).clone()),
-            PubSubSource::Sentinel(s) => s.lock().await.async_get_client().await,
-        }
-    }
 }
 
 /// `WAIT numreplicas timeout` after each grant.
@@ -351,13 +329,24 @@ impl RedisStore {
 
     /// A store on a Redis Cluster, given some of its nodes. Every lock's
     /// keys share one hash tag, so each script touches one slot; MOVED and
-    /// ASK are followed by the cluster client. Waiters poll (no cluster-wide
-    /// PUBLISH on release); renewals go out concurrently on the cluster
-    /// connection, which pipelines them per node.
+    /// ASK are followed by the cluster client; renewals go out concurrently
+    /// on the cluster connection, which pipelines them per node.
+    ///
+    /// Release notifications use sharded pub/sub (Redis 7): a release
+    /// `SPUBLISH`es on the lock's channel, which shares its slot, and
+    /// waiters `SSUBSCRIBE` over one RESP3 cluster connection per store, on
+    /// the node that owns the slot. When a slot moves, a node connection
+    /// breaks or the server drops a subscription, the waiters concerned are
+    /// woken to try again and the subscription is renewed where the slot now
+    /// lives. A cluster that rejects `SSUBSCRIBE` (before Redis 7) still
+    /// releases; its waiters poll, and a warning says so once.
     pub fn cluster(node_urls: &[&str]) -> Result<Self, Error> {
         let client = redis::cluster::ClusterClient::new(node_urls.to_vec())
             .map_err(|e| Error::Config(ConfigError::new("cluster_urls", e.to_string())))?;
-        Ok(Self::with_source(Source::Cluster(Box::new(client))))
+        let mut store = Self::with_source(Source::Cluster(Box::new(client)));
+        let nodes = node_urls.iter().map(|u| u.to_string()).collect();
+        store.inner_mut().pubsub = Some(PubSubSource::Cluster(nodes));
+        Ok(store)
     }
 
     /// After each grant, `WAIT` until `replicas` replicas have the write or
@@ -408,7 +397,17 @@ impl RedisStore {
 
     /// Uses `client` for one shared pub/sub connection that wakes waiters as
     /// soon as a lock is released.
+    ///
+    /// A [cluster](RedisStore::cluster) store keeps its own notifications
+    /// (sharded, from the nodes that own the locks) and ignores this, with a
+    /// warning: a plain subscription on one node would miss its releases.
     pub fn with_notifications(mut self, client: redis::Client) -> Self {
+        if let Source::Cluster(_) = self.inner.source {
+            tracing::warn!(
+                "with_notifications is ignored on a cluster store: it is notified by sharded pub/sub"
+            );
+            return self;
+        }
         self.inner_mut().pubsub = Some(PubSubSource::Client(Box::new(client)));
         self
     }
@@ -471,13 +470,13 @@ impl RedisStore {
         }
     }
 
-    /// The channel passed to release scripts: none (publish nothing) on a
-    /// cluster, where a PUBLISH would go to every node.
-    fn publish_channel<'a>(&'a self, key: &'a LockKey) -> PublishTo<'a> {
-        PublishTo(match self.inner.source {
-            Source::Cluster(_) => None,
-            _ => Some(self.name(key, RELEASED)),
-        })
+    /// How release scripts announce a release: sharded on a cluster (a
+    /// plain PUBLISH there would be broadcast to every node).
+    fn publish_command(&self) -> &'static str {
+        match self.inner.source {
+            Source::Cluster(_) => "SPUBLISH",
+            _ => "PUBLISH",
+        }
     }
 
     // Builder methods run before the store is shared.
@@ -765,7 +764,8 @@ impl LockStore for RedisStore {
             .arg(owner.as_str())
             .arg(record.as_ref())
             .arg(ms(retention))
-            .arg(self.publish_channel(key));
+            .arg(self.publish_command())
+            .arg(self.name(key, RELEASED));
         let n: i64 = self
             .with_conn(Operation::Release, Some(key), |mut c| async move {
                 inv.invoke_async(&mut c).await
@@ -844,7 +844,9 @@ impl LockStore for RedisStore {
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
         let mut inv = RELEASE.key(self.name(key, LOCK));
-        inv.arg(owner.as_str()).arg(self.publish_channel(key));
+        inv.arg(owner.as_str())
+            .arg(self.publish_command())
+            .arg(self.name(key, RELEASED));
         let n: i64 = self
             .with_conn(Operation::Release, Some(key), |mut c| async move {
                 inv.invoke_async(&mut c).await
@@ -854,218 +856,9 @@ impl LockStore for RedisStore {
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {
-        let Some(notifier) = self.notifier() else {
-            return Ok(ReleaseWatch::never());
-        };
-        let channel = self.release_channel(key);
-        let (reply, answer) = oneshot::channel();
-        notifier
-            .cmds
-            .send(Cmd::Subscribe(channel.clone(), key.clone(), reply))
-            .map_err(|_| notifier_gone(key))?;
-        let rx = answer.await.map_err(|_| notifier_gone(key))??;
-        Ok(ReleaseWatch::new(rx).with_guard(Unsubscribe {
-            cmds: notifier.cmds.clone(),
-            channel: Some(channel),
-        }))
-    }
-}
-
-fn notifier_gone(key: &LockKey) -> Error {
-    Error::Unavailable {
-        op: Operation::Subscribe,
-        key: Some(key.clone()),
-        source: "the notification task has stopped".into(),
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Release notifications: one pub/sub connection per store, one task that
-// owns it. Waiters ask the task for a subscription and get a watch receiver
-// once SUBSCRIBE is confirmed; a reader task bumps the channel's counter on
-// every message. Channels are reference-counted by their live receivers and
-// unsubscribed when the last waiter leaves.
-
-enum Cmd {
-    Subscribe(
-        String,
-        LockKey,
-        oneshot::Sender<Result<watch::Receiver<u64>, Error>>,
-    ),
-    Unsubscribe(String),
-}
-
-struct Notifier {
-    cmds: mpsc::UnboundedSender<Cmd>,
-}
-
-struct Unsubscribe {
-    cmds: mpsc::UnboundedSender<Cmd>,
-    channel: Option<String>,
-}
-
-impl Drop for Unsubscribe {
-    fn drop(&mut self) {
-        if let Some(ch) = self.channel.take() {
-            let _ = self.cmds.send(Cmd::Unsubscribe(ch));
+        match self.notifier() {
+            Some(notifier) => notifier.subscribe(self.release_channel(key), key).await,
+            None => Ok(ReleaseWatch::never()),
         }
-    }
-}
-
-struct Channel {
-    tx: watch::Sender<u64>,
-    on_server: bool,
-}
-
-type Channels = Arc<Mutex<HashMap<String, Channel>>>;
-
-/// Aborts the reader when the connection is replaced or the task ends.
-struct Reader(JoinHandle<()>);
-
-impl Drop for Reader {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-impl Notifier {
-    fn spawn(client: PubSubSource, timeout: Duration) -> Notifier {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(notifier_task(client, rx, timeout));
-        Notifier { cmds: tx }
-    }
-}
-
-async fn notifier_task(
-    client: PubSubSource,
-    mut cmds: mpsc::UnboundedReceiver<Cmd>,
-    timeout: Duration,
-) {
-    let channels: Channels = Arc::default();
-    let mut sink: Option<(PubSubSink, Reader)> = None;
-    let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<()>();
-    loop {
-        let first = tokio::select! {
-            cmd = cmds.recv() => match cmd {
-                Some(cmd) => cmd,
-                None => return,
-            },
-            Some(()) = lost_rx.recv() => {
-                // The connection dropped: every channel must be subscribed
-                // again, and every waiter may have missed a release.
-                sink = None;
-                for ch in lock(&channels).values_mut() {
-                    ch.on_server = false;
-                    ch.tx.send_modify(|n| *n = n.wrapping_add(1));
-                }
-                tracing::debug!("release notification connection lost");
-                continue;
-            }
-        };
-        let mut batch = vec![first];
-        while let Ok(cmd) = cmds.try_recv() {
-            batch.push(cmd);
-        }
-
-        let mut waiting = Vec::new();
-        let mut drop_channels = Vec::new();
-        {
-            let mut map = lock(&channels);
-            for cmd in batch {
-                match cmd {
-                    Cmd::Subscribe(ch, key, reply) => {
-                        let entry = map.entry(ch.clone()).or_insert_with(|| Channel {
-                            tx: watch::channel(0).0,
-                            on_server: false,
-                        });
-                        waiting.push((ch, key, entry.tx.subscribe(), reply));
-                    }
-                    Cmd::Unsubscribe(ch) => {
-                        if map.get(&ch).is_some_and(|c| c.tx.receiver_count() == 0)
-                            && let Some(c) = map.remove(&ch)
-                            && c.on_server
-                        {
-                            drop_channels.push(ch);
-                        }
-                    }
-                }
-            }
-        }
-
-        if let Some((s, _)) = &mut sink
-            && !drop_channels.is_empty()
-            && !matches!(
-                tokio::time::timeout(timeout, s.unsubscribe(&drop_channels)).await,
-                Ok(Ok(()))
-            )
-        {
-            sink = None;
-        }
-
-        if waiting.is_empty() {
-            continue;
-        }
-        let mut result = Ok(());
-        if sink.is_none() {
-            let connect = async { client.client().await?.get_async_pubsub().await };
-            match tokio::time::timeout(timeout, connect).await {
-                Ok(Ok(pubsub)) => {
-                    let (s, mut stream) = pubsub.split();
-                    let map = channels.clone();
-                    let lost = lost_tx.clone();
-                    let reader = tokio::spawn(async move {
-                        while let Some(msg) = stream.next().await {
-                            if let Some(ch) = lock(&map).get(msg.get_channel_name()) {
-                                ch.tx.send_modify(|n| *n = n.wrapping_add(1));
-                            }
-                        }
-                        let _ = lost.send(());
-                    });
-                    sink = Some((s, Reader(reader)));
-                }
-                Ok(Err(e)) => result = Err(("connect", Some(e))),
-                Err(_) => result = Err(("connect", None)),
-            }
-        }
-        if let (Some((s, _)), Ok(())) = (&mut sink, &result) {
-            // Everything known but not yet on the server: new channels and,
-            // after a reconnect, the ones that were there before.
-            let pending: Vec<String> = lock(&channels)
-                .iter()
-                .filter(|(_, c)| !c.on_server)
-                .map(|(name, _)| name.clone())
-                .collect();
-            if !pending.is_empty() {
-                match tokio::time::timeout(timeout, s.subscribe(&pending)).await {
-                    Ok(Ok(())) => {
-                        let mut map = lock(&channels);
-                        for name in &pending {
-                            if let Some(c) = map.get_mut(name) {
-                                c.on_server = true;
-                            }
-                        }
-                    }
-                    Ok(Err(e)) => result = Err(("subscribe", Some(e))),
-                    Err(_) => result = Err(("subscribe", None)),
-                }
-            }
-        }
-        if result.is_err() {
-            sink = None;
-        }
-        for (_, key, rx, reply) in waiting {
-            let answer = match &result {
-                Ok(()) => Ok(rx),
-                Err((_, Some(e))) => Err(Error::from_redis(
-                    Operation::Subscribe,
-                    Some(&key),
-                    e.clone(),
-                )),
-                Err((_, None)) => Err(timeout_error(Operation::Subscribe, Some(&key), timeout)),
-            };
-            let _ = reply.send(answer);
-        }
-        // Channels whose only would-be waiters were just refused.
-        lock(&channels).retain(|_, c| c.on_server || c.tx.receiver_count() > 0);
     }
 }

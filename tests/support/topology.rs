@@ -375,6 +375,11 @@ impl Cluster {
     /// Each node gets an explicit free `--cluster-port` (the default, port + 10000, may
     /// be taken or above 65535).
     pub fn start(n_primaries: usize) -> Cluster {
+        Cluster::start_with(n_primaries, &[])
+    }
+
+    /// [`Cluster::start`] with `extra` arguments for every node's `redis-server`.
+    pub fn start_with(n_primaries: usize, extra: &[&str]) -> Cluster {
         assert!(
             n_primaries >= 3,
             "a Redis Cluster needs at least 3 primaries, not {n_primaries}"
@@ -382,7 +387,7 @@ impl Cluster {
         let nodes = start_parallel(n_primaries, || {
             RedisServer::start_launch(|_, _| {
                 let bus_port = free_port().to_string();
-                Launch::args(&[
+                let args = [
                     "--cluster-enabled",
                     "yes",
                     "--cluster-config-file",
@@ -395,7 +400,8 @@ impl Cluster {
                     "no",
                     "--save",
                     "",
-                ])
+                ];
+                Launch::args(&[&args[..], extra].concat())
             })
         });
         let cluster = Cluster { nodes };
