@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use support::{RedisServer, eventually};
-use tokio::time::{Instant, timeout};
+use tokio::time::timeout;
 use tower_redis_lock::{Error, FenceOutcome, FencedResource, LockKey, Locker, RedisStore};
 
 fn key(id: &str) -> LockKey {
@@ -79,12 +79,12 @@ async fn keys_share_one_hash_tag_and_carry_the_value_we_expect() {
 #[tokio::test]
 async fn a_waiter_is_woken_by_the_release_notification_not_by_polling() {
     let server = RedisServer::start();
-    // The poll interval and the lease are far longer than the test: only a
-    // notification can wake the waiter in time.
+    // The poll interval, the wait and the lease are far longer than the
+    // test's limit: only a notification can wake the waiter within it.
     let l = Locker::builder(store(&server))
-        .lease(Duration::from_secs(60))
-        .wait_timeout(Duration::from_secs(30))
-        .poll_interval(Duration::from_secs(20))
+        .lease(Duration::from_secs(7200))
+        .wait_timeout(Duration::from_secs(3600))
+        .poll_interval(Duration::from_secs(3600))
         .build()
         .unwrap();
     let k = key("wake");
@@ -93,10 +93,7 @@ async fn a_waiter_is_woken_by_the_release_notification_not_by_polling() {
 
     let waiter = {
         let (l, k) = (l.clone(), k.clone());
-        tokio::spawn(async move {
-            let g = l.acquire(&k).await.unwrap();
-            (Instant::now(), g)
-        })
+        tokio::spawn(async move { l.acquire(&k).await.unwrap() })
     };
     // Wait until the waiter has subscribed before releasing.
     let channel = "trl:{engine:wake}:released";
@@ -106,14 +103,11 @@ async fn a_waiter_is_woken_by_the_release_notification_not_by_polling() {
         })
         .await
     );
-    let released_at = Instant::now();
     assert!(holder.release().await.unwrap());
-    let (granted_at, g) = waiter.await.unwrap();
-    let gap = granted_at - released_at;
-    assert!(
-        gap < Duration::from_secs(10),
-        "woken after {gap:?}: by polling, not by the notification"
-    );
+    let g = timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was not woken by the release notification")
+        .unwrap();
     // Exactly: the waiter's try, its retry after subscribing, the release,
     // and the waiter's try after the wake-up. No polling in between.
     assert_eq!(
@@ -237,14 +231,12 @@ async fn redis_down_is_an_error_not_a_hang() {
     let l = locker(&server, 5_000, 2_000);
     l.try_acquire(&key("warm")).await.unwrap();
     server.stop();
-    let started = Instant::now();
     let err = timeout(Duration::from_secs(10), l.acquire(&key("down")))
         .await
         .expect("acquire hung with Redis down")
         .unwrap_err();
     assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
     assert!(err.is_store_failure());
-    assert!(started.elapsed() < Duration::from_secs(10));
 
     // And it recovers when Redis comes back.
     server.restart();

