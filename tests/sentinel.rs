@@ -125,8 +125,12 @@ async fn a_holder_whose_grant_missed_the_new_primary_is_told_it_lost() {
     // told it lost.
     let lock_key = "trl:{sentinel:missed}:lock".to_owned();
     if set.replica.keys().contains(&lock_key) {
-        let value = set.replica.cmd(&["GET", &lock_key]).as_string().unwrap();
-        assert!(value.ends_with(&format!(":{}", old_token.get())));
+        let counter = set
+            .replica
+            .cmd(&["GET", "trl:{sentinel:missed}:fence"])
+            .as_string()
+            .unwrap();
+        assert_eq!(counter, old_token.get().to_string());
         // No second grant while it is there (the holder may or may not have
         // flipped to lost meanwhile, depending on how long the failover took).
         assert!(l.try_acquire(&k).await.unwrap_err().is_contended());
@@ -143,4 +147,49 @@ async fn a_holder_whose_grant_missed_the_new_primary_is_told_it_lost() {
     assert!(g2.fencing_token() > old_token);
     set.primary.thaw();
     assert!(g2.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_waiting_for_replicas_holds_up_no_other_command() {
+    let set = SentinelSet::start();
+    // WAIT may take up to 8 s here; the store's other commands must not
+    // queue behind it.
+    let st = store(&set)
+        .with_command_timeout(Duration::from_secs(10))
+        .unwrap()
+        .with_wait_replicas(1, Duration::from_secs(8), ReplicaShortfall::Proceed)
+        .unwrap();
+    let l = Locker::new(st);
+    let held = l.try_acquire(&key("held")).await.unwrap();
+
+    set.replica.freeze();
+    let waiting = {
+        let l = l.clone();
+        tokio::spawn(async move { l.try_acquire(&key("waiting")).await })
+    };
+    // The grant is written and its WAIT is blocked on the primary.
+    let blocked = || {
+        set.primary
+            .cmd(&["INFO", "clients"])
+            .as_string()
+            .unwrap()
+            .lines()
+            .any(|l| l.trim() == "blocked_clients:1")
+    };
+    assert!(support::wait_until(Duration::from_secs(10), blocked));
+
+    // Renewal, release and the grant of a free key all answer while the
+    // WAIT is still blocked.
+    held.extend().await.unwrap();
+    assert!(held.release().await.unwrap());
+    let other = Locker::new(store(&set));
+    other.try_acquire(&key("other")).await.unwrap();
+    assert!(
+        !waiting.is_finished(),
+        "the WAIT ended before the other commands answered"
+    );
+    assert!(blocked());
+
+    waiting.abort();
+    set.replica.thaw();
 }

@@ -156,8 +156,15 @@ struct Inner {
     timeout: Duration,
     pubsub: Option<PubSubSource>,
     wait_replicas: Option<WaitReplicas>,
+    /// Idle connections of their own for grants that `WAIT` (which blocks
+    /// the connection it runs on; the shared one carries everybody's
+    /// commands, renewals included).
+    wait_conns: Mutex<Vec<MultiplexedConnection>>,
     notifier: OnceLock<Notifier>,
 }
+
+/// Idle `WAIT` connections kept per store.
+const MAX_IDLE_WAIT_CONNS: usize = 16;
 
 const LOCK: &str = "lock";
 const FENCE: &str = "fence";
@@ -297,6 +304,7 @@ impl RedisStore {
                 timeout: DEFAULT_TIMEOUT,
                 pubsub: None,
                 wait_replicas: None,
+                wait_conns: Mutex::default(),
                 notifier: OnceLock::new(),
             }),
         }
@@ -353,7 +361,9 @@ impl RedisStore {
     /// `timeout` passes; on a shortfall, [`ReplicaShortfall::Fail`] releases
     /// and fails the acquire. Shrinks (does not close) the window in which a
     /// failover to a replica that missed the grant lets a second holder in.
-    /// `WAIT` holds up the shared connection while it waits.
+    /// `WAIT` runs on a connection of its own (kept for reuse), so the
+    /// other commands of the store, renewals included, never queue behind
+    /// it.
     pub fn with_wait_replicas(
         mut self,
         replicas: u32,
@@ -493,6 +503,7 @@ impl RedisStore {
                 timeout: i.timeout,
                 pubsub: i.pubsub.clone(),
                 wait_replicas: i.wait_replicas,
+                wait_conns: Mutex::default(),
                 notifier: OnceLock::new(),
             });
         }
@@ -507,29 +518,14 @@ impl RedisStore {
         if let Some(c) = lock(&self.inner.conn).as_ref() {
             return Ok(c.clone());
         }
-        let redis_err = |e| Error::from_redis(op, key, e);
         let conn = match &self.inner.source {
-            Source::Pool(pool) => {
-                let obj = pool.get().await.map_err(|e| pool_error(op, key, e))?;
-                Conn::Single(deadpool_redis::Connection::take(obj))
-            }
-            Source::Sentinel(sentinel) => {
-                let client = sentinel
-                    .lock()
-                    .await
-                    .async_get_client()
-                    .await
-                    .map_err(redis_err)?;
-                Conn::Single(
-                    client
-                        .get_multiplexed_async_connection()
-                        .await
-                        .map_err(redis_err)?,
-                )
-            }
             Source::Cluster(client) => Conn::Cluster(Box::new(
-                client.get_async_connection().await.map_err(redis_err)?,
+                client
+                    .get_async_connection()
+                    .await
+                    .map_err(|e| Error::from_redis(op, key, e))?,
             )),
+            _ => Conn::Single(self.open_single(op, key).await?),
         };
         let mut conn = conn;
         if let Conn::Single(_) = conn {
@@ -541,10 +537,43 @@ impl RedisStore {
             for src in [ACQUIRE_SRC, EXTEND_SRC, RELEASE_SRC, FINISH_SRC] {
                 load.cmd("SCRIPT").arg("LOAD").arg(src).ignore();
             }
-            load.query_async::<()>(&mut conn).await.map_err(redis_err)?;
+            load.query_async::<()>(&mut conn)
+                .await
+                .map_err(|e| Error::from_redis(op, key, e))?;
         }
         *lock(&self.inner.conn) = Some(conn.clone());
         Ok(conn)
+    }
+
+    /// A new connection to the primary (pool or Sentinel source).
+    async fn open_single(
+        &self,
+        op: Operation,
+        key: Option<&LockKey>,
+    ) -> Result<MultiplexedConnection, Error> {
+        let redis_err = |e| Error::from_redis(op, key, e);
+        match &self.inner.source {
+            Source::Pool(pool) => {
+                let obj = pool.get().await.map_err(|e| pool_error(op, key, e))?;
+                Ok(deadpool_redis::Connection::take(obj))
+            }
+            Source::Sentinel(sentinel) => {
+                let client = sentinel
+                    .lock()
+                    .await
+                    .async_get_client()
+                    .await
+                    .map_err(redis_err)?;
+                client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(redis_err)
+            }
+            Source::Cluster(_) => Err(Error::Config(ConfigError::new(
+                "source",
+                "a cluster store has no single primary",
+            ))),
+        }
     }
 
     fn forget_connection_on(&self, err: &RedisError) {
@@ -554,8 +583,15 @@ impl RedisStore {
             || err.is_unrecoverable_error()
             || readonly
         {
-            *lock(&self.inner.conn) = None;
+            self.forget_connections();
         }
+    }
+
+    /// Drops the shared connection and the idle `WAIT` connections: the next
+    /// call opens new ones (and, behind Sentinel, asks for the primary).
+    fn forget_connections(&self) {
+        *lock(&self.inner.conn) = None;
+        lock(&self.inner.wait_conns).clear();
     }
 
     /// Runs `f` on the shared connection within the command timeout.
@@ -576,15 +612,26 @@ impl RedisStore {
                 Error::from_redis(op, key, e)
             })
         };
-        match tokio::time::timeout(self.inner.timeout, work).await {
+        self.bounded(op, key, self.inner.timeout, work).await
+    }
+
+    /// Runs `work` within `bound`; a timeout is an [`Error::Unavailable`].
+    async fn bounded<T>(
+        &self,
+        op: Operation,
+        key: Option<&LockKey>,
+        bound: Duration,
+        work: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        match tokio::time::timeout(bound, work).await {
             Ok(r) => r,
             Err(_) => {
                 // Behind Sentinel a silent primary may have been replaced:
                 // ask again on the next call.
                 if let Source::Sentinel(_) = self.inner.source {
-                    *lock(&self.inner.conn) = None;
+                    self.forget_connections();
                 }
-                Err(timeout_error(op, key, self.inner.timeout))
+                Err(timeout_error(op, key, bound))
             }
         }
     }
@@ -604,21 +651,26 @@ impl RedisStore {
         inv.arg(owner.as_str())
             .arg(ms(lease))
             .arg(self.inner.fence_retention_ms);
-        let (kind, value): (i64, redis::Value) = self
-            .with_conn(Operation::Acquire, Some(key), |mut c| async move {
-                inv.invoke_async(&mut c).await
-            })
-            .await?;
+        let (kind, value) = match self.inner.wait_replicas {
+            None => {
+                self.with_conn(Operation::Acquire, Some(key), |mut c| async move {
+                    inv.invoke_async(&mut c).await
+                })
+                .await?
+            }
+            Some(w) => {
+                let (kind, value, acked) = self.grant_and_wait(&inv, key, w).await?;
+                if let Some(acked) = acked {
+                    self.check_replicas(key, owner, w, acked).await?;
+                }
+                (kind, value)
+            }
+        };
         let unexpected = || Error::Unavailable {
             op: Operation::Acquire,
             key: Some(key.clone()),
             source: "unexpected reply from the acquire script".into(),
         };
-        if kind == 1
-            && let Some(w) = self.inner.wait_replicas
-        {
-            self.wait_for_replicas(key, owner, w).await?;
-        }
         Ok(match (kind, value) {
             (1, redis::Value::BulkString(digits)) => AcquireOutcome::Granted(FencingToken::new(
                 std::str::from_utf8(&digits)
@@ -651,23 +703,63 @@ impl RedisStore {
         Ok(())
     }
 
-    /// `WAIT`s for the grant to reach replicas; on a shortfall with
-    /// [`ReplicaShortfall::Fail`], releases it and fails.
-    async fn wait_for_replicas(
+    /// The acquire script, then (if it granted) `WAIT`, on a connection of
+    /// their own: `WAIT` blocks the connection it runs on, and it must run
+    /// where the grant was written (it counts that client's writes). The
+    /// connection is reused only after a clean answer.
+    async fn grant_and_wait(
+        &self,
+        inv: &redis::ScriptInvocation<'_>,
+        key: &LockKey,
+        w: WaitReplicas,
+    ) -> Result<(i64, redis::Value, Option<i64>), Error> {
+        let op = Operation::Acquire;
+        let bound = self.inner.timeout + w.timeout;
+        let work = async {
+            let idle = lock(&self.inner.wait_conns).pop();
+            let mut conn = match idle {
+                Some(c) => c,
+                None => {
+                    let mut c = self.open_single(op, Some(key)).await?;
+                    c.set_response_timeout(bound);
+                    c
+                }
+            };
+            let fail = |e: RedisError| {
+                self.forget_connection_on(&e);
+                Error::from_redis(op, Some(key), e)
+            };
+            let (kind, value): (i64, redis::Value) =
+                inv.invoke_async(&mut conn).await.map_err(fail)?;
+            let acked = if kind == 1 {
+                let n: i64 = redis::cmd("WAIT")
+                    .arg(w.replicas)
+                    .arg(w.timeout.as_millis() as u64)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(fail)?;
+                Some(n)
+            } else {
+                None
+            };
+            let mut idle = lock(&self.inner.wait_conns);
+            if idle.len() < MAX_IDLE_WAIT_CONNS {
+                idle.push(conn);
+            }
+            Ok((kind, value, acked))
+        };
+        self.bounded(op, Some(key), bound, work).await
+    }
+
+    /// On too few replica acknowledgements with [`ReplicaShortfall::Fail`],
+    /// releases the grant and fails.
+    async fn check_replicas(
         &self,
         key: &LockKey,
         owner: &OwnerToken,
         w: WaitReplicas,
+        acked: i64,
     ) -> Result<(), Error> {
-        let acked: i64 = self
-            .with_conn(Operation::Acquire, Some(key), |mut c| async move {
-                redis::cmd("WAIT")
-                    .arg(w.replicas)
-                    .arg(w.timeout.as_millis() as u64)
-                    .query_async(&mut c)
-                    .await
-            })
-            .await?;
         if acked >= i64::from(w.replicas) {
             return Ok(());
         }
