@@ -116,7 +116,7 @@ impl Lease {
     }
 
     /// Neither released nor lost, and the validity deadline not passed.
-    fn is_valid_now(&self) -> bool {
+    pub(crate) fn is_valid_now(&self) -> bool {
         self.is_active() && Instant::now() < self.valid_until()
     }
 

@@ -328,8 +328,15 @@ impl<S: LockStore> Locker<S> {
                 subscribed = true;
                 watch = Some(self.subscribe(key).await);
             }
-            attempts += 1;
-            let step = self.attempt(key, &owner, replay, start, attempts).await;
+            // Held by a task of ours: its release will wake us locally, so
+            // there is nothing to ask the store yet.
+            let step = match queue.held_here() {
+                Some(valid_for) => Ok(Step::Held(Some(valid_for))),
+                None => {
+                    attempts += 1;
+                    self.attempt(key, &owner, replay, start, attempts).await
+                }
+            };
             let step = match step {
                 Ok(step) => step,
                 Err(e) => {
@@ -424,6 +431,9 @@ impl<S: LockStore> Locker<S> {
                     o.max_hold,
                 ));
                 let _ = watchdog.send(Cmd::Add(lease.clone()));
+                if let Some(q) = lock_map(&self.inner.queues.0).get(key) {
+                    *q.holder.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(&lease);
+                }
                 tracing::debug!(
                     key = %key,
                     fencing_token = token.get(),
@@ -503,6 +513,7 @@ impl<S: LockStore> Locker<S> {
                     turn: tokio::sync::Semaphore::new(1),
                     released: tokio::sync::Notify::new(),
                     watch: std::sync::Mutex::new(None),
+                    holder: std::sync::Mutex::default(),
                 })
             })
             .clone();
@@ -563,6 +574,26 @@ struct KeyQueue {
     /// The key's release subscription, handed from one waiter to the next
     /// and dropped (unsubscribed) with the queue.
     watch: std::sync::Mutex<Option<ReleaseWatch>>,
+    /// The lease of the last grant this locker made for the key while the
+    /// queue existed. While it is valid, the lock is held here and its
+    /// release will be local: waiters need not ask the store.
+    holder: std::sync::Mutex<std::sync::Weak<Lease>>,
+}
+
+impl KeyQueue {
+    /// How long the lock stays held by a task of this process, if it is.
+    fn held_here(&self) -> Option<Duration> {
+        let lease = self
+            .holder
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .upgrade()?;
+        lease.is_valid_now().then(|| {
+            lease
+                .valid_until()
+                .saturating_duration_since(Instant::now())
+        })
+    }
 }
 
 /// A waiter's handle on its key's queue; the last one out removes the queue.

@@ -132,6 +132,60 @@ async fn a_waiter_is_woken_by_the_release_notification_not_by_polling() {
     );
 }
 
+#[tokio::test]
+async fn local_waiters_ask_the_store_nothing_while_the_lock_is_held_here() {
+    let server = RedisServer::start();
+    // Polls and leases far longer than the test: only wake-ups count.
+    let l = Locker::builder(store(&server))
+        .lease(Duration::from_secs(3600))
+        .wait_timeout(Duration::from_secs(60))
+        .poll_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let k = key("here");
+    let holder = l.acquire(&k).await.unwrap();
+    let spawn_waiter = || {
+        let (l, k) = (l.clone(), k.clone());
+        tokio::spawn(async move { l.acquire(&k).await.unwrap() })
+    };
+    let first = spawn_waiter();
+    assert!(
+        eventually(Duration::from_secs(5), async || {
+            subscribers(&server, "trl:{engine:here}:released") == 1
+        })
+        .await
+    );
+    // Queues behind the first without a store attempt of its own.
+    let second = spawn_waiter();
+    tokio::task::yield_now().await;
+
+    server.reset_stats();
+    assert!(holder.release().await.unwrap());
+    let g1 = timeout(Duration::from_secs(10), first)
+        .await
+        .unwrap()
+        .unwrap();
+    // The second waiter is now at the head of the queue while the first
+    // holds the lock here; the release notification of the holder arrives
+    // meanwhile. It must not ask the store, only wait for the local release.
+    let t1 = g1.fencing_token();
+    assert!(g1.release().await.unwrap());
+    let g2 = timeout(Duration::from_secs(10), second)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(g2.fencing_token() > t1);
+    // The holder's release, the first's grant and release, the second's
+    // grant: nothing else.
+    assert_eq!(
+        server.command_calls("evalsha"),
+        4,
+        "{:?}",
+        server.command_stats()
+    );
+    g2.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_waiters_share_one_pubsub_connection() {
     let server = RedisServer::start();
