@@ -525,7 +525,10 @@ impl RedisStore {
                     .await
                     .map_err(|e| Error::from_redis(op, key, e))?,
             )),
-            _ => Conn::Single(self.open_single(op, key).await?),
+            // Boxed: opening a connection is rare, and its future (pool or
+            // Sentinel, several layers of the redis client deep) would
+            // otherwise be nested into every call's future type.
+            _ => Conn::Single(Box::pin(self.open_single(op, key)).await?),
         };
         let mut conn = conn;
         if let Conn::Single(_) = conn {
@@ -720,7 +723,7 @@ impl RedisStore {
             let mut conn = match idle {
                 Some(c) => c,
                 None => {
-                    let mut c = self.open_single(op, Some(key)).await?;
+                    let mut c = Box::pin(self.open_single(op, Some(key))).await?;
                     c.set_response_timeout(bound);
                     c
                 }
