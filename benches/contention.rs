@@ -95,32 +95,14 @@ struct CmdStats(BTreeMap<String, (u64, u64)>);
 
 impl CmdStats {
     fn read(server: &RedisServer) -> CmdStats {
-        let info = server
-            .cmd(&["INFO", "commandstats"])
-            .as_string()
-            .unwrap_or_default();
-        let mut map = BTreeMap::new();
-        for line in info.lines() {
-            let Some((name, fields)) = line
-                .trim()
-                .strip_prefix("cmdstat_")
-                .and_then(|l| l.split_once(':'))
-            else {
-                continue;
-            };
-            let field = |f: &str| {
-                fields
-                    .split(',')
-                    .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('='))
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0)
-            };
-            // The bench's own `INFO` and `CONFIG RESETSTAT` are not counted.
-            if name != "info" && !name.starts_with("config") {
-                map.insert(name.to_owned(), (field("calls"), field("usec")));
-            }
-        }
-        CmdStats(map)
+        CmdStats(
+            server
+                .command_times()
+                .into_iter()
+                // The bench's own `INFO` and `CONFIG RESETSTAT` are not counted.
+                .filter(|(name, _)| name != "info" && !name.starts_with("config"))
+                .collect(),
+        )
     }
 
     fn since(&self, before: &CmdStats) -> CmdStats {

@@ -244,29 +244,15 @@ fn print_summary(timings: &[Timings]) {
     );
 }
 
-/// `usec_per_call` and `calls` of each command from `INFO commandstats`.
+/// `calls` and µs per call of each command from `INFO commandstats`.
 fn print_server_time(server: &RedisServer) {
-    let info = server
-        .cmd(&["INFO", "commandstats"])
-        .as_string()
-        .unwrap_or_default();
+    let stats = server.command_times();
     println!("redis-server time per command over that loop (INFO commandstats):");
     for name in ["set", "del", "evalsha"] {
-        let fields = info
-            .lines()
-            .find_map(|l| l.trim().strip_prefix(&format!("cmdstat_{name}:")))
-            .unwrap_or("");
-        let field = |f: &str| {
-            fields
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('='))
-                .unwrap_or("-")
-                .to_owned()
-        };
+        let (calls, usec) = stats.get(name).copied().unwrap_or_default();
         println!(
-            "  {name:<8} calls={:<8} usec_per_call={}",
-            field("calls"),
-            field("usec_per_call")
+            "  {name:<8} calls={calls:<8} usec_per_call={:.2}",
+            usec as f64 / calls.max(1) as f64
         );
     }
 }

@@ -98,18 +98,10 @@ fn client_cpu() -> (f64, f64) {
 
 /// `calls` and `usec` of one command in an `INFO commandstats` text.
 fn command_stat(info: &str, command: &str) -> (u64, u64) {
-    let prefix = format!("cmdstat_{command}:");
-    let Some(fields) = info.lines().find_map(|l| l.trim().strip_prefix(&prefix)) else {
-        return (0, 0);
-    };
-    let field = |f: &str| {
-        fields
-            .split(',')
-            .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('='))
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    (field("calls"), field("usec"))
+    support::parse_command_stats(info)
+        .get(command)
+        .copied()
+        .unwrap_or_default()
 }
 
 /// A thread that reads the `EVALSHA` counter every [`SAMPLE_EVERY`] over

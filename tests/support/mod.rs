@@ -289,24 +289,16 @@ impl RedisServer {
     /// All of `INFO commandstats` as command name -> calls
     /// (Redis 7 subcommands appear as e.g. `config|resetstat`).
     pub fn command_stats(&self) -> BTreeMap<String, u64> {
-        let info = self.info("commandstats");
-        let mut stats = BTreeMap::new();
-        for line in info.lines() {
-            let Some(rest) = line.trim().strip_prefix("cmdstat_") else {
-                continue;
-            };
-            let Some((name, fields)) = rest.split_once(':') else {
-                continue;
-            };
-            let calls = fields
-                .split(',')
-                .find_map(|field| field.strip_prefix("calls="))
-                .and_then(|n| n.parse::<u64>().ok());
-            if let Some(calls) = calls {
-                stats.insert(name.to_string(), calls);
-            }
-        }
-        stats
+        self.command_times()
+            .into_iter()
+            .map(|(name, (calls, _))| (name, calls))
+            .collect()
+    }
+
+    /// All of `INFO commandstats` as command name -> (calls, µs spent in
+    /// the command inside Redis).
+    pub fn command_times(&self) -> BTreeMap<String, (u64, u64)> {
+        parse_command_stats(&self.info("commandstats"))
     }
 
     /// `CONFIG RESETSTAT` (clears commandstats, among others).
@@ -695,6 +687,24 @@ fn process_state(pid: u32) -> Option<char> {
 }
 
 /// The value of `field` in an INFO text (`field:value` lines).
+/// An `INFO commandstats` text as command name -> (calls, µs spent in the
+/// command inside Redis); a missing field counts as 0.
+pub fn parse_command_stats(info: &str) -> BTreeMap<String, (u64, u64)> {
+    info.lines()
+        .filter_map(|line| {
+            let (name, fields) = line.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+            let field = |f: &str| {
+                fields
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('='))
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            Some((name.to_owned(), (field("calls"), field("usec"))))
+        })
+        .collect()
+}
+
 fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
     info.lines().find_map(|line| {
         let (name, value) = line.split_once(':')?;
