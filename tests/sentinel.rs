@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use support::topology::SentinelSet;
-use tokio::time::{Instant, timeout};
+use tokio::time::timeout;
 use tower_redis_lock::{Error, LockKey, Locker, RedisStore, ReplicaShortfall};
 
 fn store(set: &SentinelSet) -> RedisStore {
@@ -26,17 +26,12 @@ fn key(id: &str) -> LockKey {
 /// Tries until a grant succeeds (errors are expected while the failover is
 /// under way).
 async fn acquire_eventually(l: &Locker<RedisStore>, k: &LockKey) -> tower_redis_lock::LockGuard {
-    let end = Instant::now() + Duration::from_secs(30);
-    loop {
-        match l.try_acquire(k).await {
-            Ok(g) => return g,
-            Err(e) if Instant::now() < end => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("no grant after the failover: {e}"),
-        }
-    }
+    let mut last = None;
+    support::eventually_some(Duration::from_secs(30), async || {
+        l.try_acquire(k).await.map_err(|e| last = Some(e)).ok()
+    })
+    .await
+    .unwrap_or_else(|| panic!("no grant after the failover: {last:?}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

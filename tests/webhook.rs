@@ -34,7 +34,7 @@ use support::RedisServer;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{Barrier, mpsc, oneshot};
-use tokio::time::{Instant, timeout};
+use tokio::time::timeout;
 use tower::ServiceExt;
 use tower_redis_lock::{FencingToken, MemoryStore, RedisStore};
 use webhook::{Applied, Ledger, Options};
@@ -322,15 +322,17 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
 /// Sends `make()` until the answer is not 409 (the key is freed in the
 /// background after a crash or a hang-up); returns that answer.
 async fn until_not_contended(app: &Router, make: impl Fn() -> Request<Body>) -> Reply {
-    let end = Instant::now() + LIMIT;
-    loop {
+    let mut last = None;
+    support::eventually_some(LIMIT, async || {
         let r = send(app, make()).await;
         if r.status != StatusCode::CONFLICT {
-            return r;
+            return Some(r);
         }
-        assert!(Instant::now() < end, "the key stayed locked: {r:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+        last = Some(r);
+        None
+    })
+    .await
+    .unwrap_or_else(|| panic!("the key stayed locked: {last:?}"))
 }
 
 // ---------------------------------------------------------------------------

@@ -933,6 +933,9 @@ fn protocol_error(what: &str) -> io::Error {
 /// passes; returns whether it held. The async tests' one way of waiting for
 /// a condition instead of sleeping.
 pub async fn eventually(limit: Duration, mut cond: impl AsyncFnMut() -> bool) -> bool {
+    // (Not written over `eventually_some`: wrapping `cond` in another async
+    // closure makes the future not `Send` for every lifetime, which the
+    // generic, spawned scenarios of tests/layer_stores.rs need.)
     let end = tokio::time::Instant::now() + limit;
     loop {
         if cond().await {
@@ -940,6 +943,24 @@ pub async fn eventually(limit: Duration, mut cond: impl AsyncFnMut() -> bool) ->
         }
         if tokio::time::Instant::now() >= end {
             return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Like [`eventually`], for a condition that yields a value: polls `f`
+/// every 5 ms until it answers `Some` or `limit` passes.
+pub async fn eventually_some<T>(
+    limit: Duration,
+    mut f: impl AsyncFnMut() -> Option<T>,
+) -> Option<T> {
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if tokio::time::Instant::now() >= end {
+            return None;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
