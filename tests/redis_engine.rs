@@ -407,13 +407,31 @@ async fn dropping_guards_and_futures_at_random_points_leaves_nothing_behind() {
         })
         .await
     );
+    // A probe lock on the same locker: once the watchdog has renewed it
+    // (its TTL goes back up, lease/3 after the grant), any renewal still
+    // scheduled for a dropped lease, due earlier, would have gone out too.
     server.reset_stats();
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let probe = l.acquire(&key("probe")).await.unwrap();
+    let mut lowest = i64::MAX;
+    assert!(
+        eventually(Duration::from_secs(5), async || {
+            let ttl = server
+                .cmd(&["PTTL", "trl:{engine:probe}:lock"])
+                .as_int()
+                .unwrap();
+            let renewed = ttl > lowest;
+            lowest = lowest.min(ttl);
+            renewed
+        })
+        .await,
+        "the probe was never renewed"
+    );
     assert_eq!(
         server.command_calls("evalsha"),
-        0,
-        "renewals after every guard was dropped"
+        2,
+        "renewals after every guard was dropped (besides the probe's grant and renewal)"
     );
+    probe.release().await.unwrap();
 }
 
 #[tokio::test]
