@@ -375,9 +375,18 @@ impl LockGuard {
     /// # }
     /// ```
     pub fn scope<F: Future>(&self, fut: F) -> impl Future<Output = F::Output> {
-        let mut held = TASK_HOLDS.try_with(|h| h.to_vec()).unwrap_or_default();
-        held.push(Arc::downgrade(&self.shared));
-        TASK_HOLDS.scope(held.into(), fut)
+        let this = Arc::downgrade(&self.shared);
+        // Usually the first hold of the task: one allocation, no copy.
+        let held: Arc<[Weak<Shared>]> = match TASK_HOLDS.try_with(Arc::clone) {
+            Ok(outer) => outer.iter().cloned().chain([this]).collect(),
+            Err(_) => Arc::new([this]),
+        };
+        TASK_HOLDS.scope(held, fut)
+    }
+
+    /// The lease this guard holds.
+    pub(crate) fn lease_state(&self) -> &Arc<Lease> {
+        &self.shared.lease
     }
 
     /// Whether this guard's lock was granted by a store with this

@@ -347,6 +347,12 @@ impl<S: LockStore> Locker<S> {
             match step {
                 Step::Done(done) => {
                     queue.put_watch(watch);
+                    if let Acquired::Locked(guard) = &done {
+                        // The next waiters need not ask the store until
+                        // this lease ends.
+                        *queue.holder.lock().unwrap_or_else(|p| p.into_inner()) =
+                            Arc::downgrade(guard.lease_state());
+                    }
                     return Ok(done);
                 }
                 Step::Held(r) => remaining = r,
@@ -431,9 +437,6 @@ impl<S: LockStore> Locker<S> {
                     o.max_hold,
                 ));
                 let _ = watchdog.send(Cmd::Add(lease.clone()));
-                if let Some(q) = lock_map(&self.inner.queues.0).get(key) {
-                    *q.holder.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(&lease);
-                }
                 tracing::debug!(
                     key = %key,
                     fencing_token = token.get(),
@@ -574,9 +577,9 @@ struct KeyQueue {
     /// The key's release subscription, handed from one waiter to the next
     /// and dropped (unsubscribed) with the queue.
     watch: std::sync::Mutex<Option<ReleaseWatch>>,
-    /// The lease of the last grant this locker made for the key while the
-    /// queue existed. While it is valid, the lock is held here and its
-    /// release will be local: waiters need not ask the store.
+    /// The lease of the last grant to one of the queue's waiters. While it
+    /// is valid, the lock is held here and its release will be local:
+    /// waiters need not ask the store.
     holder: std::sync::Mutex<std::sync::Weak<Lease>>,
 }
 
