@@ -269,12 +269,7 @@ async fn stored_statuses_follow_the_policy<St: LockStore + Clone>(b: Backend<St>
     for (code, stored) in cases {
         let key = format!("k{code}");
         let query = format!("status={code}");
-        let make = || {
-            Request::post(format!("/items?{query}"))
-                .header(KEY_HEADER, &key)
-                .body(Body::from("{}"))
-                .unwrap()
-        };
+        let make = || req(&key, &query, "{}");
         let runs = handler.runs();
         let first = send(&app, make()).await;
         assert_eq!(first.status.as_u16(), code, "{first:?}");
@@ -311,12 +306,7 @@ async fn stored_statuses_follow_the_policy<St: LockStore + Clone>(b: Backend<St>
     for (code, stored) in [(201, true), (200, false), (500, false)] {
         let key = format!("c{code}");
         let query = format!("status={code}");
-        let make = || {
-            Request::post(format!("/items?{query}"))
-                .header(KEY_HEADER, &key)
-                .body(Body::from("{}"))
-                .unwrap()
-        };
+        let make = || req(&key, &query, "{}");
         let runs = handler.runs();
         send(&app, make()).await;
         let second = send(&app, make()).await;
