@@ -1076,7 +1076,7 @@ fn attempt_overlaps(h: &History) -> Vec<String> {
                     b.id,
                     (a_end - b.attempt) as f64 / 1e6,
                     a.id,
-                    (b.granted - a_end) as f64 / 1e6,
+                    (b.granted as f64 - a_end as f64) / 1e6,
                     a.describe(),
                     b.describe()
                 ));
