@@ -1200,17 +1200,27 @@ fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], workers: usi
     }
     if !violations.is_empty() {
         let kept = dir.keep();
-        let shown: Vec<&String> = violations.iter().take(20).collect();
+        // Up to 5 of each check, and how many there were.
+        let mut by_check: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for v in &violations {
+            let check = v.split(':').next().unwrap_or("");
+            by_check.entry(check).or_default().push(v);
+        }
+        let counts: Vec<String> = by_check
+            .iter()
+            .map(|(check, vs)| format!("{check} {}", vs.len()))
+            .collect();
+        let shown: Vec<&str> = by_check
+            .values()
+            .flat_map(|vs| vs.iter().take(5).copied())
+            .collect();
         panic!(
-            "{name}: {} violation(s) with seed {seed} (replay: HISTORY_SEED={seed} cargo test \
-             --test history {name}); logs kept in {}\n{summary}\n\n{}",
+            "{name}: {} violation(s) ({}) with seed {seed} (replay: HISTORY_SEED={seed} cargo \
+             test --test history {name}); logs kept in {}\n{summary}\n\n{}",
             violations.len(),
+            counts.join(", "),
             kept.display(),
-            shown
-                .iter()
-                .map(|v| v.as_str())
-                .collect::<Vec<_>>()
-                .join("\n")
+            shown.join("\n")
         );
     }
     if keep_logs {
