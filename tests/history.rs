@@ -597,8 +597,9 @@ fn inject_faults(
 /// Marker command sent to the resource server once every worker is gone.
 const MONITOR_END: &str = "history-monitor-end";
 
-/// One write the resource applied, in the order the resource applied them
-/// (the `HSET` its compare-and-set script ran, as seen by `MONITOR`).
+/// One write the resource applied, in the order the resource applied them:
+/// every `HSET` of a resource key `MONITOR` saw (the one the compare-and-set
+/// script runs, or any other).
 #[derive(Debug, Clone)]
 struct Accepted {
     seq: usize,
@@ -637,7 +638,11 @@ fn monitor(server: &RedisServer) -> thread::JoinHandle<Result<Vec<Accepted>, Str
             {
                 return Ok(accepted);
             }
-            if !line.contains("lua]") || !cmd.eq_ignore_ascii_case("hset") {
+            // Every change of a resource, whoever sends it (the fenced
+            // script's HSET, or anything writing around it).
+            if !cmd.eq_ignore_ascii_case("hset")
+                || !args.get(1).is_some_and(|k| k.starts_with("res:"))
+            {
                 continue;
             }
             // HSET <key> value <v> fencing_token <t>
