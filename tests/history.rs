@@ -457,6 +457,32 @@ impl Workers {
         self.running.push(Worker { id, child, log });
     }
 
+    /// Waits until the newest worker has logged `START`: proof that the
+    /// re-executed binary really runs the worker (not an empty filter) and a
+    /// worker is never killed before it began.
+    fn wait_started(&mut self) {
+        const LIMIT: Duration = Duration::from_secs(20);
+        let end = Instant::now() + LIMIT;
+        let w = self.running.last_mut().expect("no worker to wait for");
+        loop {
+            let log = fs::read_to_string(&w.log).unwrap_or_default();
+            if log.lines().any(|l| l.split(' ').nth(1) == Some("START")) {
+                return;
+            }
+            let exited = w.child.try_wait().unwrap();
+            if exited.is_some() || Instant::now() >= end {
+                let out = fs::read_to_string(self.dir.join(format!("worker-{}.out", w.id)))
+                    .unwrap_or_default();
+                panic!(
+                    "worker {} did not log START (exited: {exited:?}, waited up to {LIMIT:?}); \
+                     its output:\n{out}",
+                    w.id
+                );
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     fn signal(&self, slot: usize, signal: libc::c_int) {
         // SAFETY: the child is not reaped while in `running`, so the pid is ours.
         unsafe {
@@ -471,6 +497,7 @@ impl Workers {
         let _ = w.child.wait();
         self.finished.push((w.id, w.log, None));
         self.spawn();
+        self.wait_started();
     }
 
     /// Waits (polling, up to `limit`) for every worker to exit by itself.
@@ -1133,6 +1160,7 @@ fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], workers: usi
     };
     for _ in 0..workers {
         pool.spawn();
+        pool.wait_started();
     }
     let mut rng = fastrand::Rng::with_seed(seed);
     let faults = inject_faults(&mut rng, &mut pool, lock_servers, workload_end);
