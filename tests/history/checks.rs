@@ -1,0 +1,403 @@
+//! The history read back from the logs, and the checks on it.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+
+use crate::faults::FaultCounts;
+use crate::monitor::Accepted;
+use crate::{KEYS, MIN_APPLIED_WRITES_PER_KEY, MIN_GRANTS_PER_KEY, WORKER_TEST};
+
+/// One parsed log line.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub t: u64,
+    pub kind: String,
+    pub fields: BTreeMap<String, String>,
+    /// `path:line: text`, for messages.
+    pub origin: String,
+}
+
+impl Event {
+    fn get(&self, name: &str) -> &str {
+        self.fields.get(name).map(String::as_str).unwrap_or("")
+    }
+
+    fn num(&self, name: &str) -> u64 {
+        self.get(name)
+            .parse()
+            .unwrap_or_else(|_| panic!("bad {name} in {}", self.origin))
+    }
+}
+
+pub fn parse_log(path: &Path) -> Vec<Event> {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .enumerate()
+        .filter_map(|(i, line)| {
+            let mut parts = line.split(' ');
+            let t = parts.next()?.parse().ok()?;
+            let kind = parts.next()?.to_owned();
+            let fields = parts
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+            Some(Event {
+                t,
+                kind,
+                fields,
+                origin: format!("{}:{}: {line}", path.display(), i + 1),
+            })
+        })
+        .collect()
+}
+
+/// One grant as its holder saw it.
+#[derive(Debug, Clone)]
+pub struct GrantView {
+    pub id: String,
+    pub key: String,
+    pub token: u64,
+    /// Start of the winning attempt: the grant happened after this.
+    pub attempt: u64,
+    /// When the holder had the answer: the grant happened before this.
+    pub granted: u64,
+    /// Time of the last look at the guard that said "held".
+    pub last_held: Option<u64>,
+    /// The latest end of validity the guard claimed (`valid_for` added to
+    /// the time of a look that said "held").
+    pub claim_end: Option<u64>,
+    /// When the holder gave the lock back (release or drop started).
+    pub given_back: Option<u64>,
+    /// The events that matter for messages.
+    pub grant_line: String,
+    pub last_held_line: Option<String>,
+}
+
+impl GrantView {
+    /// When this holder relied on the lock: from the moment it knew it had
+    /// it to its last look that said held.
+    fn reliance(&self) -> Option<(u64, u64)> {
+        self.last_held.map(|end| (self.granted, end))
+    }
+
+    fn describe(&self) -> String {
+        let mut s = format!("    {}\n", self.grant_line);
+        if let Some(held) = &self.last_held_line {
+            let _ = writeln!(s, "    {held}");
+        }
+        s
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct History {
+    pub grants: Vec<GrantView>,
+    pub applied_by_workers: Vec<Event>,
+    pub stale_by_workers: Vec<Event>,
+    pub write_errors: usize,
+    pub lost_observed: usize,
+    pub acquire_failures: BTreeMap<String, usize>,
+    pub worker_problems: Vec<String>,
+}
+
+pub fn build_history(finished: &[(u32, PathBuf, Option<ExitStatus>)]) -> History {
+    let mut h = History::default();
+    for (id, path, status) in finished {
+        let events = parse_log(path);
+        let started = events.iter().any(|e| e.kind == "START");
+        let ended = events.iter().any(|e| e.kind == "END");
+        match status {
+            _ if !started => h.worker_problems.push(format!(
+                "worker {id} never logged START (did `--exact {WORKER_TEST}` run?): {}",
+                path.display()
+            )),
+            Some(status) if !status.success() || !ended => h.worker_problems.push(format!(
+                "worker {id} exited with {status}, END logged: {ended}: {}",
+                path.display()
+            )),
+            _ => {}
+        }
+        let mut by_id: HashMap<String, GrantView> = HashMap::new();
+        let mut order = Vec::new();
+        for e in events {
+            match e.kind.as_str() {
+                "GRANT" => {
+                    let g = GrantView {
+                        id: e.get("grant").to_owned(),
+                        key: e.get("key").to_owned(),
+                        token: e.num("token"),
+                        attempt: e.num("attempt"),
+                        granted: e.t,
+                        last_held: None,
+                        claim_end: None,
+                        given_back: None,
+                        grant_line: e.origin.clone(),
+                        last_held_line: None,
+                    };
+                    order.push(g.id.clone());
+                    by_id.insert(g.id.clone(), g);
+                }
+                "HELD" => {
+                    let g = by_id
+                        .get_mut(e.get("grant"))
+                        .unwrap_or_else(|| panic!("HELD before GRANT: {}", e.origin));
+                    g.last_held = Some(e.t);
+                    g.last_held_line = Some(e.origin.clone());
+                    let claim = e.t + e.num("valid_us") * 1_000;
+                    g.claim_end = g.claim_end.max(Some(claim));
+                }
+                "NOTHELD" if e.get("lost") == "true" => h.lost_observed += 1,
+                "RELEASING" | "DROP" => {
+                    let g = by_id
+                        .get_mut(e.get("grant"))
+                        .unwrap_or_else(|| panic!("{} before GRANT: {}", e.kind, e.origin));
+                    g.given_back.get_or_insert(e.t);
+                }
+                "WRITE" => {
+                    let result = e.get("result");
+                    if result == "applied" {
+                        h.applied_by_workers.push(e);
+                    } else if result.starts_with("stale:") {
+                        h.stale_by_workers.push(e);
+                    } else {
+                        h.write_errors += 1;
+                    }
+                }
+                "ACQFAIL" => {
+                    *h.acquire_failures
+                        .entry(e.get("why").to_owned())
+                        .or_default() += 1
+                }
+                _ => {}
+            }
+        }
+        h.grants
+            .extend(order.into_iter().filter_map(|id| by_id.remove(&id)));
+    }
+    h
+}
+
+/// Check 1: no two holders relied on one key at the same time.
+pub fn check_exclusion(h: &History, violations: &mut Vec<String>) {
+    for key in keys() {
+        let mut spans: Vec<(&GrantView, u64, u64)> = h
+            .grants
+            .iter()
+            .filter(|g| g.key == key)
+            .filter_map(|g| g.reliance().map(|(a, b)| (g, a, b)))
+            .collect();
+        spans.sort_by_key(|&(_, start, _)| start);
+        let mut widest: Option<(&GrantView, u64)> = None;
+        for &(g, start, end) in &spans {
+            if let Some((prev, prev_end)) = widest
+                && start < prev_end
+            {
+                violations.push(format!(
+                    "exclusion: {key}: {} was granted {:.1} ms before {} last saw itself holding it\n{}{}",
+                    g.id,
+                    (prev_end - start) as f64 / 1e6,
+                    prev.id,
+                    prev.describe(),
+                    g.describe()
+                ));
+            }
+            if widest.is_none_or(|(_, e)| end > e) {
+                widest = Some((g, end));
+            }
+        }
+    }
+}
+
+/// Check 1b: nobody got the lock while an earlier holder's guard still
+/// promised it (`valid_for`) and that holder had not given it back. Only
+/// grants known to come later count: asked for after the earlier holder had
+/// its answer.
+pub fn check_claims(h: &History, violations: &mut Vec<String>) {
+    for a in &h.grants {
+        let Some(claim) = a.claim_end else { continue };
+        let until = a.given_back.map_or(claim, |g| g.min(claim));
+        for b in &h.grants {
+            if b.key == a.key && a.granted < b.attempt && b.granted < until {
+                violations.push(format!(
+                    "validity: {}: {} was granted {:.1} ms before the end of the validity {}'s guard \
+                     had promised (and {} had not given it back)\n{}{}",
+                    a.key,
+                    b.id,
+                    (until - b.granted) as f64 / 1e6,
+                    a.id,
+                    a.id,
+                    a.describe(),
+                    b.describe()
+                ));
+            }
+        }
+    }
+}
+
+/// Check 2: fencing tokens strictly increase in grant order. Two grants are
+/// ordered when one's answer arrived before the other's attempt started;
+/// tokens of one key are never equal.
+pub fn check_tokens(h: &History, violations: &mut Vec<String>) {
+    for key in keys() {
+        let grants: Vec<&GrantView> = h.grants.iter().filter(|g| g.key == key).collect();
+        let mut seen: HashMap<u64, &GrantView> = HashMap::new();
+        for g in &grants {
+            if let Some(other) = seen.insert(g.token, g) {
+                violations.push(format!(
+                    "tokens: {key}: grants {} and {} share token {}\n{}{}",
+                    other.id,
+                    g.id,
+                    g.token,
+                    other.describe(),
+                    g.describe()
+                ));
+            }
+        }
+        for a in &grants {
+            for b in &grants {
+                if a.granted < b.attempt && a.token >= b.token {
+                    violations.push(format!(
+                        "tokens: {key}: {} (token {}) was granted before {} was asked for, \
+                         yet {} got token {}\n{}{}",
+                        a.id,
+                        a.token,
+                        b.id,
+                        b.id,
+                        b.token,
+                        a.describe(),
+                        b.describe()
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Check 3: the resource never applied a token lower than one it had
+/// applied before (equal only from the same grant); every applied write
+/// carries the token of the grant that sent it; the workers' view agrees
+/// with the resource's; the final state is the last applied write.
+pub fn check_resource(
+    h: &History,
+    accepted: &[Accepted],
+    finals: &BTreeMap<String, Option<(String, u64)>>,
+    violations: &mut Vec<String>,
+) {
+    let grants: HashMap<&str, &GrantView> = h.grants.iter().map(|g| (g.id.as_str(), g)).collect();
+    for key in keys() {
+        let mut last: Option<&Accepted> = None;
+        for a in accepted.iter().filter(|a| a.key == key) {
+            let grant_id = a.value.split('/').next().unwrap_or("");
+            match grants.get(grant_id) {
+                Some(g) if g.key == key && g.token == a.token => {}
+                Some(g) => violations.push(format!(
+                    "resource: {key}: applied write #{} ({}) carries token {} but grant {} of {} has token {}\n{}",
+                    a.seq,
+                    a.value,
+                    a.token,
+                    g.id,
+                    g.key,
+                    g.token,
+                    g.describe()
+                )),
+                None => violations.push(format!(
+                    "resource: {key}: applied write #{} ({}) with token {} comes from no logged grant\n    {}",
+                    a.seq, a.value, a.token, a.line
+                )),
+            }
+            if let Some(prev) = last {
+                let same_grant = prev.value.split('/').next() == Some(grant_id);
+                if a.token < prev.token || (a.token == prev.token && !same_grant) {
+                    violations.push(format!(
+                        "resource: {key}: applied token {} ({}) after token {} ({})\n    {}\n    {}",
+                        a.token, a.value, prev.token, prev.value, prev.line, a.line
+                    ));
+                }
+            }
+            last = Some(a);
+        }
+        let expected = last.map(|a| (a.value.clone(), a.token));
+        let actual = finals.get(&key).cloned().flatten();
+        if actual != expected {
+            violations.push(format!(
+                "resource: {key}: final state {actual:?}, but the last applied write was {expected:?}"
+            ));
+        }
+    }
+    let applied: HashSet<&str> = accepted.iter().map(|a| a.value.as_str()).collect();
+    for e in &h.applied_by_workers {
+        if !applied.contains(e.get("value")) {
+            violations.push(format!(
+                "resource: a worker was told its write was applied, the resource never applied it\n    {}",
+                e.origin
+            ));
+        }
+    }
+    for e in &h.stale_by_workers {
+        if applied.contains(e.get("value")) {
+            violations.push(format!(
+                "resource: a worker was told its write was stale, the resource applied it\n    {}",
+                e.origin
+            ));
+        }
+    }
+}
+
+/// Check 4: the run did something, and the faults happened.
+pub fn check_progress(
+    h: &History,
+    accepted: &[Accepted],
+    faults: &FaultCounts,
+    violations: &mut Vec<String>,
+) {
+    for key in keys() {
+        let grants = h.grants.iter().filter(|g| g.key == key).count();
+        let writes = accepted.iter().filter(|a| a.key == key).count();
+        if grants < MIN_GRANTS_PER_KEY || writes < MIN_APPLIED_WRITES_PER_KEY {
+            violations.push(format!(
+                "progress: {key}: {grants} grants (need {MIN_GRANTS_PER_KEY}), \
+                 {writes} applied writes (need {MIN_APPLIED_WRITES_PER_KEY})"
+            ));
+        }
+    }
+    if faults.worker_pauses == 0 || faults.lock_freezes == 0 || faults.worker_kills == 0 {
+        violations.push(format!(
+            "faults: a kind of fault never happened: {faults:?}"
+        ));
+    }
+    violations.extend(h.worker_problems.iter().cloned());
+}
+
+/// Information only: pairs the brief's stricter reading would flag (the
+/// next grant's *attempt start* before the previous holder's last "held"),
+/// which a request queued at a frozen Redis produces without any real
+/// overlap.
+pub fn attempt_overlaps(h: &History) -> Vec<String> {
+    let mut found = Vec::new();
+    for a in &h.grants {
+        for b in &h.grants {
+            if let (Some((_, a_end)), true) = (a.reliance(), a.key == b.key && a.id != b.id)
+                && b.attempt < a_end
+                && b.granted > a.granted
+            {
+                found.push(format!(
+                    "{} asked {:.1} ms before {} last saw itself holding, and was answered {:.1} ms after\n{}{}",
+                    b.id,
+                    (a_end - b.attempt) as f64 / 1e6,
+                    a.id,
+                    (b.granted as f64 - a_end as f64) / 1e6,
+                    a.describe(),
+                    b.describe()
+                ));
+            }
+        }
+    }
+    found
+}
+
+pub fn keys() -> impl Iterator<Item = String> {
+    (0..KEYS).map(|k| format!("k{k}"))
+}
