@@ -42,6 +42,7 @@ pub use extract::MissingLockGuard;
 pub use future::ResponseFuture;
 pub use idempotency::{
     DEFAULT_MAX_STORED_BODY, DEFAULT_RETENTION, Fingerprint, IDEMPOTENT_REPLAYED, Idempotency,
+    MAX_RETENTION,
 };
 pub use key::KeyFrom;
 pub use layer::{

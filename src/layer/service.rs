@@ -5,14 +5,16 @@ use std::task::{Context, Poll};
 
 use axum::extract::MatchedPath;
 use bytes::{Bytes, BytesMut};
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use sha2::{Digest, Sha256};
 use tower_service::Service;
 
-use super::body::ResponseBody;
+use super::body::{ResponseBody, fields, store_and_release};
 use super::future::ResponseFuture;
-use super::idempotency::{Fingerprint, IDEMPOTENT_REPLAYED, Idempotency};
+use super::idempotency::{
+    Fingerprint, IDEMPOTENT_REPLAYED, Idempotency, REPRESENTATION_HEADERS, describes_bytes,
+};
 use super::key::route_namespace;
 use super::layer::{Config, OnLockLost, OnMissingKey, OnStoreError};
 use super::problem::Problem;
@@ -157,27 +159,60 @@ where
         (c.key.id_in_head(&mut parts).await, body, None)
     };
     let mut req = Request::from_parts(parts, body);
+    let routed = req.extensions().get::<MatchedPath>().is_some();
     let Some(id) = id else {
-        // A path-parameter key on a request that matched no route (the
-        // router's 404 fallback, when the layer wraps a whole `Router`):
-        // nothing to protect, let the router answer.
-        if c.key.is_path_param() && req.extensions().get::<MatchedPath>().is_none() {
-            return run_unlocked(inner, req).await;
-        }
+        // A path-parameter key on a request that matched no route: the layer
+        // sits outside routing (around a whole `Router`, or on its
+        // fallback), where no path parameter exists. Never a pass-through of
+        // its own: the inner service may be a whole router whose handlers
+        // would run unlocked.
+        let detail = if c.key.is_path_param() && !routed {
+            c.misplaced_once(|| {
+                tracing::error!(
+                    key = ?c.key,
+                    "lock layer misplaced: it sees requests before routing (around a whole \
+                     Router?), where path parameters do not exist; put it on the route with \
+                     `route_layer`. Requests without a key get the OnMissingKey answer."
+                )
+            });
+            format!(
+                "the request has no lock key: {} is only known on a matched route, and this \
+                 lock layer sits outside routing (it should be a `route_layer` on the route)",
+                c.key.describe()
+            )
+        } else {
+            format!("the request has no lock key: expected {}", c.key.describe())
+        };
         return match c.on_missing_key {
             OnMissingKey::PassThrough => run_unlocked(inner, req).await,
-            OnMissingKey::Reject => Ok(reject(
-                Problem::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("the request has no lock key: expected {}", c.key.describe()),
-                ),
-                None,
-            )),
+            OnMissingKey::Reject => Ok(reject(Problem::new(StatusCode::BAD_REQUEST, detail), None)),
         };
     };
-    let namespace = match &c.namespace {
-        Some(ns) => ns.clone(),
-        None => route_namespace(req.extensions()).unwrap_or_else(|| FALLBACK_NAMESPACE.to_owned()),
+    let namespace = match (&c.namespace, route_namespace(req.extensions())) {
+        (Some(ns), _) => ns.clone(),
+        (None, Some(ns)) => ns,
+        // No namespace and no matched route: every request through this
+        // layer shares one namespace. Safe for mutual exclusion (requests of
+        // two routes at worst exclude each other), not for replay: a record
+        // of one route must never answer another's request.
+        (None, None) if c.idempotency.is_none() => FALLBACK_NAMESPACE.to_owned(),
+        (None, None) => {
+            c.misplaced_once(|| {
+                tracing::error!(
+                    "idempotent lock layer without a namespace outside routing: a completed \
+                     record could answer another route's request; set \
+                     LockLayerBuilder::namespace or put the layer on the route with `route_layer`"
+                )
+            });
+            return Ok(reject(
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the idempotent lock layer is misconfigured: it has no namespace and sits \
+                     outside routing",
+                ),
+                None,
+            ));
+        }
     };
     let key = match LockKey::new(&namespace, id.as_bytes()) {
         Ok(key) => key,
@@ -318,10 +353,22 @@ fn replay<B>(
         );
     }
     tracing::debug!(key = %key, status = record.status.as_u16(), "replaying a completed request");
-    let mut res = Response::new(ResponseBody::full(record.body));
+    let trailers = (!record.trailers.is_empty()).then(|| {
+        let mut map = HeaderMap::new();
+        for (name, value) in record.trailers {
+            map.append(name, value);
+        }
+        map
+    });
+    let mut res = Response::new(ResponseBody::full_with_trailers(record.body, trailers));
     *res.status_mut() = record.status;
     let h = res.headers_mut();
     for (name, value) in record.headers {
+        // A record without its body: no coding, range or digest of bytes
+        // that are not there.
+        if record.body_omitted && describes_bytes(&name) {
+            continue;
+        }
         h.append(name, value);
     }
     h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
@@ -329,7 +376,10 @@ fn replay<B>(
 }
 
 /// Buffers the response body (up to the stored-body limit), stores the
-/// record and releases in one step, and hands the same response on.
+/// record and releases in one step, and hands the same response on, trailers
+/// included. A body over the limit is handed on under the lock instead: its
+/// record (body omitted) is stored with the release once it has ended
+/// cleanly (see [`Idempotency::max_stored_body`]).
 async fn finish<B>(
     idem: &Idempotency,
     guard: LockGuard,
@@ -342,40 +392,49 @@ where
     let (parts, body) = res.into_parts();
     let mut body = Box::pin(body);
     let mut buf = BytesMut::new();
-    let mut complete = true;
-    let mut failed = false;
-    while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else {
-            failed = true;
-            break;
+    let mut trailers = None;
+    let mut over = false;
+    loop {
+        // (The error itself is not kept across the release below.)
+        let frame = match body.frame().await {
+            None => break,
+            Some(frame) => frame.ok(),
         };
-        if let Ok(data) = frame.into_data() {
-            buf.extend_from_slice(&data);
-            if buf.len() > idem.max_body {
-                complete = false;
-                break;
+        let Some(frame) = frame else {
+            // The response failed mid-body: store nothing, free the key.
+            let key = guard.key().clone();
+            let _ = guard.release().await;
+            return reject(
+                Problem::new(
+                    StatusCode::BAD_GATEWAY,
+                    "the handler's response body failed",
+                ),
+                Some(&key),
+            );
+        };
+        match frame.into_data() {
+            Ok(data) => {
+                buf.extend_from_slice(&data);
+                if buf.len() > idem.max_body {
+                    over = true;
+                    break;
+                }
+            }
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    trailers = Some(t);
+                }
             }
         }
-    }
-    if failed {
-        // The response failed mid-body: store nothing, free the key.
-        let key = guard.key().clone();
-        let _ = guard.release().await;
-        return reject(
-            Problem::new(
-                StatusCode::BAD_GATEWAY,
-                "the handler's response body failed",
-            ),
-            Some(&key),
-        );
     }
     let buf = buf.freeze();
     let mut record = Record::new(parts.status);
     record.fingerprint = fingerprint;
-    // Each chosen name once; never framing headers, which describe the
-    // original transfer, not the stored body.
+    // Each name once: the representation headers, which give the stored
+    // bytes their meaning, then the chosen ones; never framing headers,
+    // which describe the original transfer, not the stored body.
     let mut names: Vec<&HeaderName> = Vec::new();
-    for name in &idem.headers {
+    for name in REPRESENTATION_HEADERS.iter().chain(&idem.headers) {
         let framing = matches!(
             name.as_str(),
             "content-length" | "transfer-encoding" | "connection" | "keep-alive" | "trailer"
@@ -394,32 +453,23 @@ where
                 .map(move |v| (name.clone(), v.clone()))
         })
         .collect();
-    if complete {
-        record.body = buf.clone();
-    } else {
+    if over {
         record.body_omitted = true;
-        tracing::warn!(
+        tracing::debug!(
             key = %guard.key(),
             limit = idem.max_body,
-            "response body over the stored-body limit: storing status and headers only"
+            "response body over the stored-body limit: streaming it under the lock; \
+             status, headers and trailers are stored once it ends"
         );
+        let body = ResponseBody::finish_at_end(buf, body, guard, record, idem.retention);
+        return Response::from_parts(parts, body);
     }
-    let key = guard.key().clone();
-    match guard.finish(&record, idem.retention).await {
-        Ok(true) => {}
-        Ok(false) => {
-            tracing::warn!(key = %key, "lock lost before the outcome could be stored; a duplicate will run again")
-        }
-        Err(e) => {
-            tracing::warn!(key = %key, error = %e, "storing the outcome failed; a duplicate will run again")
-        }
+    record.body = buf.clone();
+    if let Some(t) = &trailers {
+        record.trailers = fields(t);
     }
-    let body = if complete {
-        ResponseBody::full(buf)
-    } else {
-        ResponseBody::chained(buf, body)
-    };
-    Response::from_parts(parts, body)
+    store_and_release(guard, record, idem.retention).await;
+    Response::from_parts(parts, ResponseBody::full_with_trailers(buf, trailers))
 }
 
 fn too_large(limit: usize) -> Problem {
