@@ -835,3 +835,58 @@ async fn a_reentered_hold_is_given_back_when_the_request_is_dropped() {
         "the nested hold kept the lock"
     );
 }
+
+/// Two layers on one key: an outer one on the router, an inner idempotent
+/// one on the route.
+fn nested_idempotent(store: &MemoryStore, outer_idempotent: bool, runs: Runs) -> Router {
+    let outer = LockLayer::builder(Locker::new(store.clone()), KeyFrom::header(KEY_HEADER))
+        .namespace("pay");
+    let outer = if outer_idempotent {
+        outer.idempotent(Idempotency::new())
+    } else {
+        outer
+    };
+    let inner = LockLayer::builder(Locker::new(store.clone()), KeyFrom::header(KEY_HEADER))
+        .namespace("pay")
+        .idempotent(Idempotency::new())
+        .build()
+        .unwrap();
+    Router::new()
+        .route(
+            "/pay",
+            post(move || async move {
+                runs.enter();
+                runs.leave();
+                "paid"
+            })
+            .route_layer(inner),
+        )
+        .layer(outer.build().unwrap())
+}
+
+#[tokio::test]
+async fn an_idempotent_layer_inside_a_plain_lock_on_the_same_key_refuses() {
+    let store = MemoryStore::new();
+    let runs = Runs::default();
+    let app = nested_idempotent(&store, false, runs.clone());
+    for _ in 0..2 {
+        let r = call(&app, keyed("/pay", "k")).await;
+        let p = r.problem(StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(p["detail"].as_str().unwrap().contains("nested"), "{p}");
+    }
+    assert_eq!(runs.runs(), 0, "the handler ran without idempotency");
+    assert!(eventually(LIMIT, async || store.held_count() == 0).await);
+
+    // Both idempotent: the outer one checks and stores, the inner re-enters.
+    let runs = Runs::default();
+    let app = nested_idempotent(&store, true, runs.clone());
+    let first = call(&app, keyed("/pay", "k2")).await;
+    assert_eq!(
+        (first.status, first.text().as_str()),
+        (StatusCode::OK, "paid")
+    );
+    let again = call(&app, keyed("/pay", "k2")).await;
+    assert!(replayed(&again.headers), "{again:?}");
+    assert_eq!(again.text(), "paid");
+    assert_eq!(runs.runs(), 1);
+}

@@ -23,6 +23,11 @@ use crate::{Acquired, BoxError, Error, LockGuard, LockKey, LockStore, Record};
 /// Namespace used when no namespace is set and no route matched.
 const FALLBACK_NAMESPACE: &str = "http";
 
+/// Marks a request whose lock was taken by an idempotent layer (which
+/// checks and stores the record of `key`).
+#[derive(Clone)]
+struct IdempotentHold(LockKey);
+
 /// The service made by [`LockLayer`](super::LockLayer).
 pub struct Lock<S, St> {
     inner: S,
@@ -223,13 +228,38 @@ where
     // the same store, for this request (nested locked routes or services).
     // Run under one more hold of its lock, with its fencing token; waiting
     // for our own lock would deadlock. The record, if any, is the outer
-    // layer's to store.
-    if let Some(again) = req
+    // layer's to store — so an idempotent layer re-enters only a lock taken
+    // by an idempotent layer: under any other, no record would be checked
+    // or stored and every duplicate would run again.
+    let outer = req
         .extensions()
         .get::<LockGuard>()
-        .filter(|outer| outer.key() == &key && outer.is_from(c.locker.store_id()))
-        .and_then(|outer| outer.reenter().ok())
+        .filter(|outer| outer.key() == &key && outer.is_from(c.locker.store_id()));
+    if outer.is_some()
+        && c.idempotency.is_some()
+        && req
+            .extensions()
+            .get::<IdempotentHold>()
+            .is_none_or(|held| held.0 != key)
     {
+        c.misplaced_once(|| {
+            tracing::error!(
+                key = %key,
+                "idempotent lock layer nested inside a lock layer on the same key that stores no \
+                 records: duplicates would run again; make the outer layer idempotent or give \
+                 the layers different namespaces"
+            )
+        });
+        return Ok(reject(
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the idempotent lock layer is misconfigured: it is nested inside a lock on the \
+                 same key that stores no records",
+            ),
+            Some(&key),
+        ));
+    }
+    if let Some(again) = outer.and_then(|outer| outer.reenter().ok()) {
         let token = again.fencing_token();
         req.extensions_mut().insert(again.clone());
         let mut res = again.scope(inner.call(req)).await?;
@@ -265,6 +295,9 @@ where
     let token = guard.fencing_token();
     req.extensions_mut().insert(guard.clone());
     req.extensions_mut().insert(token);
+    if c.idempotency.is_some() {
+        req.extensions_mut().insert(IdempotentHold(key.clone()));
+    }
 
     // 3. The service, under the lock (and in its scope, so that the handler
     // re-enters when it asks the locker for the same key).
