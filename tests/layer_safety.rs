@@ -890,3 +890,29 @@ async fn an_idempotent_layer_inside_a_plain_lock_on_the_same_key_refuses() {
     assert_eq!(again.text(), "paid");
     assert_eq!(runs.runs(), 1);
 }
+
+#[tokio::test]
+async fn a_locker_wait_past_the_bound_is_refused_by_the_layer_builder() {
+    let store = MemoryStore::new();
+    for wait in [Duration::MAX, Duration::from_secs(24 * 3600 + 1)] {
+        // (If the locker builder refuses it already, so much the better.)
+        let Ok(locker) = Locker::builder(store.clone()).wait_timeout(wait).build() else {
+            continue;
+        };
+        let err = LockLayer::builder(locker, KeyFrom::header(KEY_HEADER))
+            .namespace("w")
+            .build()
+            .expect_err("a wait that overflows on the request path was accepted");
+        assert!(err.to_string().contains("wait_timeout"), "{err}");
+    }
+    let locker = Locker::builder(store.clone())
+        .wait_timeout(Duration::from_secs(24 * 3600))
+        .build()
+        .unwrap();
+    let layer = LockLayer::builder(locker, KeyFrom::header(KEY_HEADER))
+        .namespace("w")
+        .build()
+        .unwrap();
+    let app = Router::new().route("/w", post(|| async { "ok" }).route_layer(layer));
+    assert_eq!(call(&app, keyed("/w", "k")).await.status, StatusCode::OK);
+}

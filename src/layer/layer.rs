@@ -15,6 +15,8 @@ use crate::{LockStore, Locker};
 
 /// Default name of the response header that carries the fencing token.
 pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
+/// Longest locker wait timeout a layer accepts (24 h).
+const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 /// Default body limit for keys read from the body: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
 
@@ -275,7 +277,10 @@ impl<St: LockStore> LockLayerBuilder<St> {
         self
     }
 
-    /// Checks the settings.
+    /// Checks the settings: among others, the idempotency retention (at
+    /// most [`MAX_RETENTION`](super::MAX_RETENTION)) and the locker's wait
+    /// timeout (at most 24 h) are refused past their bounds, never left to
+    /// overflow on the request path.
     pub fn build(self) -> Result<LockLayer<St>, ConfigError> {
         let c = &self.config;
         if let Some(idem) = &c.idempotency {
@@ -305,6 +310,14 @@ impl<St: LockStore> LockLayerBuilder<St> {
                 "on_lock_lost",
                 "Abort cannot stop a response body that is already being sent; \
                  use KeepRunning with hold_until_body_end",
+            ));
+        }
+        if c.locker.wait_timeout() > MAX_WAIT {
+            // (A deadline past the clock's range would panic on the request
+            // path; no HTTP client waits that long anyway.)
+            return Err(ConfigError::new(
+                "wait_timeout",
+                "a lock layer waits at most 24 h for a lock",
             ));
         }
         if c.body_limit > 64 << 20 {
