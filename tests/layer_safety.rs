@@ -916,3 +916,130 @@ async fn a_locker_wait_past_the_bound_is_refused_by_the_layer_builder() {
     let app = Router::new().route("/w", post(|| async { "ok" }).route_layer(layer));
     assert_eq!(call(&app, keyed("/w", "k")).await.status, StatusCode::OK);
 }
+
+// ---------------------------------------------------------------------------
+// Keys: one spelling per id, two ids never one key, no repeated sources
+// ---------------------------------------------------------------------------
+
+/// A plain tower service (every path reaches it) that waits at the gate,
+/// under a layer keyed by `key`.
+fn gated_service(
+    store: &MemoryStore,
+    key: KeyFrom,
+    gate: Gate,
+) -> tower_redis_lock::Lock<Plain, MemoryStore> {
+    let layer = LockLayer::builder(Locker::new(store.clone()), key)
+        .namespace("k")
+        .build()
+        .unwrap();
+    layer.layer(Plain::new(tower::service_fn(move |_req: Request<Body>| {
+        let gate = gate.clone();
+        async move {
+            gate.pass().await;
+            Ok::<_, std::io::Error>(http::Response::new(Body::from("done")))
+        }
+    })))
+}
+
+type Plain = tower::util::BoxCloneSyncService<Request<Body>, http::Response<Body>, std::io::Error>;
+
+/// Sends `a`, holds it in the handler, sends `b`: whether `b` was refused
+/// as a holder of the same key (409) rather than run.
+async fn same_key(store: &MemoryStore, key: KeyFrom, a: Request<Body>, b: Request<Body>) -> bool {
+    let (gate, mut gates) = Gate::new();
+    let svc = gated_service(store, key, gate);
+    let first = {
+        let svc = svc.clone();
+        tokio::spawn(async move { call(&svc, a).await })
+    };
+    let open_first = gates.started().await;
+    let second = {
+        let svc = svc.clone();
+        tokio::spawn(async move { call(&svc, b).await })
+    };
+    // Either the second is refused at once, or it reaches the handler.
+    let shared = tokio::select! {
+        r = second => {
+            r.unwrap().problem(StatusCode::CONFLICT);
+            true
+        }
+        open_second = gates.started() => {
+            open_second.send(()).unwrap();
+            false
+        }
+    };
+    open_first.send(()).unwrap();
+    assert_eq!(join(first).await.status, StatusCode::OK);
+    shared
+}
+
+fn with_header(uri: &str, name: &'static str, values: &[&[u8]]) -> Request<Body> {
+    let mut b = Request::post(uri);
+    for v in values {
+        b = b.header(name, HeaderValue::from_bytes(v).unwrap());
+    }
+    b.body(Body::empty()).unwrap()
+}
+
+#[tokio::test]
+async fn two_ids_never_share_a_key_and_one_id_has_one_key() {
+    let store = MemoryStore::new();
+    let header = || KeyFrom::header(HeaderName::from_static("x-id"));
+    // Bytes that are not UTF-8 are not folded into one replacement char.
+    assert!(
+        !same_key(
+            &store,
+            header(),
+            with_header("/", "x-id", &[b"\xff"]),
+            with_header("/", "x-id", &[b"\xfe"]),
+        )
+        .await,
+        "two header ids shared a key"
+    );
+    assert!(
+        !same_key(
+            &store,
+            KeyFrom::query("id"),
+            Request::post("/?id=%FF").body(Body::empty()).unwrap(),
+            Request::post("/?id=%FE").body(Body::empty()).unwrap(),
+        )
+        .await,
+        "two query ids shared a key"
+    );
+    // Spellings of one path share its key.
+    assert!(
+        same_key(
+            &store,
+            KeyFrom::path(),
+            Request::post("/orders/1").body(Body::empty()).unwrap(),
+            Request::post("//orders/%31").body(Body::empty()).unwrap(),
+        )
+        .await,
+        "two spellings of one path got two keys"
+    );
+    assert_eq!(store.held_count(), 0);
+}
+
+#[tokio::test]
+async fn a_key_source_given_twice_is_refused() {
+    let store = MemoryStore::new();
+    let (gate, _gates) = Gate::new();
+    let svc = gated_service(
+        &store,
+        KeyFrom::header(HeaderName::from_static("x-id")),
+        gate,
+    );
+    let r = call(&svc, with_header("/", "x-id", &[b"a", b"b"])).await;
+    let p = r.problem(StatusCode::BAD_REQUEST);
+    assert!(
+        p["detail"].as_str().unwrap().contains("more than once"),
+        "{p}"
+    );
+    let (gate, _gates) = Gate::new();
+    let svc = gated_service(&store, KeyFrom::query("id"), gate);
+    for uri in ["/?id=a&id=b", "/?id=a&x=1&id=a"] {
+        let r = call(&svc, Request::post(uri).body(Body::empty()).unwrap()).await;
+        r.problem(StatusCode::BAD_REQUEST);
+    }
+    assert_eq!(store.held_count(), 0);
+}

@@ -144,7 +144,7 @@ where
         };
         let id = if c.key.needs_body() {
             match c.key.id_in_json(&bytes) {
-                Ok(id) => id,
+                Ok(id) => Ok(id.map(String::into_bytes)),
                 Err(e) => {
                     return Ok(reject(
                         Problem::new(
@@ -165,6 +165,19 @@ where
     };
     let mut req = Request::from_parts(parts, body);
     let routed = req.extensions().get::<MatchedPath>().is_some();
+    let Ok(id) = id else {
+        // Never guess which of two ids the handler will read.
+        return Ok(reject(
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "the lock key source appears more than once: {}",
+                    c.key.describe()
+                ),
+            ),
+            None,
+        ));
+    };
     let Some(id) = id else {
         // A path-parameter key on a request that matched no route: the layer
         // sits outside routing (around a whole `Router`, or on its
@@ -219,7 +232,7 @@ where
             ));
         }
     };
-    let key = match LockKey::new(&namespace, id.as_bytes()) {
+    let key = match LockKey::new(&namespace, &id[..]) {
         Ok(key) => key,
         Err(e) => return Ok(reject(Problem::from_error(&e, c.contention), None)),
     };
