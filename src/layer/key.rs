@@ -35,7 +35,9 @@ pub(crate) enum Kind {
 }
 
 impl KeyFrom {
-    /// The whole request path (without the query).
+    /// The whole request path (without the query), in one spelling per
+    /// path: percent-escapes decoded, empty segments dropped, so `/a//%62`
+    /// and `/a/b` share a key.
     pub fn path() -> Self {
         KeyFrom { kind: Kind::Path }
     }
@@ -48,14 +50,17 @@ impl KeyFrom {
         }
     }
 
-    /// A request header, e.g. `Idempotency-Key` or `X-GitHub-Delivery`.
+    /// A request header, e.g. `Idempotency-Key` or `X-GitHub-Delivery`, by
+    /// its raw bytes. A request that carries the header twice is refused
+    /// (400).
     pub fn header(name: HeaderName) -> Self {
         KeyFrom {
             kind: Kind::Header(name),
         }
     }
 
-    /// A query-string parameter.
+    /// A query-string parameter, decoded to raw bytes (never lossily). A
+    /// request that gives the parameter twice is refused (400).
     pub fn query(name: &str) -> Self {
         KeyFrom {
             kind: Kind::Query(name.into()),
