@@ -1042,3 +1042,48 @@ async fn a_key_source_given_twice_is_refused() {
     }
     assert_eq!(store.held_count(), 0);
 }
+
+#[tokio::test]
+async fn json_numbers_that_lose_digits_are_not_keys() {
+    let store = MemoryStore::new();
+    let layer = LockLayer::builder(Locker::new(store.clone()), KeyFrom::json_pointer("/id"))
+        .namespace("j")
+        .build()
+        .unwrap();
+    let runs = Runs::default();
+    let app = Router::new().route(
+        "/j",
+        post({
+            let runs = runs.clone();
+            move || async move {
+                runs.enter();
+                runs.leave();
+                "ok"
+            }
+        })
+        .route_layer(layer),
+    );
+    let post_json = |json: &'static str| Request::post("/j").body(Body::from(json)).unwrap();
+    // Both of these become the same f64: one key for two ids, refused.
+    for json in [
+        r#"{"id":12345678901234567890123}"#,
+        r#"{"id":12345678901234567890124}"#,
+        r#"{"id":1.5}"#,
+    ] {
+        let r = call(&app, post_json(json)).await;
+        let p = r.problem(StatusCode::BAD_REQUEST);
+        assert!(p["detail"].as_str().unwrap().contains("integer"), "{p}");
+    }
+    assert_eq!(runs.runs(), 0);
+    for json in [
+        r#"{"id":18446744073709551615}"#,
+        r#"{"id":-7}"#,
+        r#"{"id":"x"}"#,
+    ] {
+        assert_eq!(
+            call(&app, post_json(json)).await.status,
+            StatusCode::OK,
+            "{json}"
+        );
+    }
+}

@@ -68,7 +68,9 @@ impl KeyFrom {
     }
 
     /// A field of a JSON body, by JSON pointer (RFC 6901), e.g. `"/id"` or
-    /// `"/data/object/id"`. Strings and numbers are accepted. The body is
+    /// `"/data/object/id"`. Strings and integers of up to 64 bits are
+    /// accepted; other numbers (fractions, larger integers, which lose
+    /// digits on the way) count as no key: send such ids as strings. The body is
     /// read (within the body limit) and handed to the service unchanged.
     pub fn json_pointer(pointer: &str) -> Self {
         KeyFrom {
@@ -93,7 +95,9 @@ impl KeyFrom {
             Kind::PathParam(n) => format!("path parameter `{n}`"),
             Kind::Header(n) => format!("header `{n}`"),
             Kind::Query(n) => format!("query parameter `{n}`"),
-            Kind::JsonPointer(p) => format!("JSON body field `{p}` (a string or number)"),
+            Kind::JsonPointer(p) => {
+                format!("JSON body field `{p}` (a string, or an integer of at most 64 bits)")
+            }
             Kind::Custom(_) => "a key from the request (custom extractor)".to_owned(),
         }
     }
@@ -148,7 +152,9 @@ impl KeyFrom {
         let value: serde_json::Value = serde_json::from_slice(body)?;
         Ok(match value.pointer(pointer) {
             Some(serde_json::Value::String(s)) if !s.is_empty() => Some(s.clone()),
-            Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+            // Integers only: any other number went through an `f64`, where
+            // two different ids (`1e400`, 23-digit integers) can meet.
+            Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => Some(n.to_string()),
             _ => None,
         })
     }
