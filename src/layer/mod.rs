@@ -35,6 +35,7 @@ mod key;
 #[allow(clippy::module_inception)]
 mod layer;
 mod problem;
+mod replay;
 mod service;
 
 pub use body::ResponseBody;
