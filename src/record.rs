@@ -5,7 +5,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, StatusCode};
 
-const MAGIC: &[u8; 4] = b"TRL1";
+/// Format 2: format 1 plus the response trailers after the body.
+const MAGIC: &[u8; 4] = b"TRL2";
+/// Format 1 (no trailers): still read, as a record without trailers.
+const MAGIC_V1: &[u8; 4] = b"TRL1";
 const BODY_OMITTED: u8 = 1;
 const HAS_FINGERPRINT: u8 = 2;
 
@@ -30,6 +33,9 @@ pub struct Record {
     pub fingerprint: Option<[u8; 32]>,
     /// When it was stored, in milliseconds since the Unix epoch.
     pub created_at_ms: u64,
+    /// The response trailers (a body's final `HEADERS` frame), replayed as
+    /// they came; empty when the response had none.
+    pub trailers: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl Record {
@@ -45,6 +51,7 @@ impl Record {
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(0),
+            trailers: Vec::new(),
         }
     }
 
@@ -65,24 +72,24 @@ impl Record {
         if let Some(fp) = &self.fingerprint {
             b.put_slice(fp);
         }
-        b.put_u16(self.headers.len().min(u16::MAX as usize) as u16);
-        for (name, value) in self.headers.iter().take(u16::MAX as usize) {
-            b.put_u16(name.as_str().len() as u16);
-            b.put_slice(name.as_str().as_bytes());
-            b.put_u32(value.len() as u32);
-            b.put_slice(value.as_bytes());
-        }
+        put_fields(&mut b, &self.headers);
         b.put_u32(self.body.len() as u32);
         b.put_slice(&self.body);
+        put_fields(&mut b, &self.trailers);
         b.freeze()
     }
 
-    /// Parses the stored form; `None` if it is not a record of this format.
+    /// Parses the stored form; `None` if it is not a record of this format
+    /// or of the previous one (format 1, read as a record without
+    /// trailers). Never panics, whatever the bytes.
     pub fn decode(mut raw: Bytes) -> Option<Self> {
-        fn take(raw: &mut Bytes, n: usize) -> Option<Bytes> {
-            (raw.remaining() >= n).then(|| raw.split_to(n))
-        }
-        if take(&mut raw, 4)?.as_ref() != MAGIC || raw.remaining() < 11 {
+        let magic = take(&mut raw, 4)?;
+        let v1 = match magic.as_ref() {
+            m if m == MAGIC => false,
+            m if m == MAGIC_V1 => true,
+            _ => return None,
+        };
+        if raw.remaining() < 11 {
             return None;
         }
         let status = StatusCode::from_u16(raw.get_u16()).ok()?;
@@ -93,29 +100,17 @@ impl Record {
         } else {
             None
         };
-        if raw.remaining() < 2 {
-            return None;
-        }
-        let n = raw.get_u16() as usize;
-        let mut headers = Vec::with_capacity(n);
-        for _ in 0..n {
-            if raw.remaining() < 2 {
-                return None;
-            }
-            let len = raw.get_u16() as usize;
-            let name = HeaderName::from_bytes(&take(&mut raw, len)?).ok()?;
-            if raw.remaining() < 4 {
-                return None;
-            }
-            let len = raw.get_u32() as usize;
-            let value = HeaderValue::from_maybe_shared(take(&mut raw, len)?).ok()?;
-            headers.push((name, value));
-        }
+        let headers = get_fields(&mut raw)?;
         if raw.remaining() < 4 {
             return None;
         }
         let len = raw.get_u32() as usize;
         let body = take(&mut raw, len)?;
+        let trailers = if v1 {
+            Vec::new()
+        } else {
+            get_fields(&mut raw)?
+        };
         raw.is_empty().then_some(Record {
             status,
             headers,
@@ -123,8 +118,47 @@ impl Record {
             body_omitted: flags & BODY_OMITTED != 0,
             fingerprint,
             created_at_ms,
+            trailers,
         })
     }
+}
+
+fn take(raw: &mut Bytes, n: usize) -> Option<Bytes> {
+    (raw.remaining() >= n).then(|| raw.split_to(n))
+}
+
+/// A count, then each name and value with its length.
+fn put_fields(b: &mut BytesMut, fields: &[(HeaderName, HeaderValue)]) {
+    b.put_u16(fields.len().min(u16::MAX as usize) as u16);
+    for (name, value) in fields.iter().take(u16::MAX as usize) {
+        b.put_u16(name.as_str().len() as u16);
+        b.put_slice(name.as_str().as_bytes());
+        b.put_u32(value.len() as u32);
+        b.put_slice(value.as_bytes());
+    }
+}
+
+fn get_fields(raw: &mut Bytes) -> Option<Vec<(HeaderName, HeaderValue)>> {
+    if raw.remaining() < 2 {
+        return None;
+    }
+    let n = raw.get_u16() as usize;
+    // Each field takes at least 6 bytes: no allocation past what is there.
+    let mut fields = Vec::with_capacity(n.min(raw.remaining() / 6));
+    for _ in 0..n {
+        if raw.remaining() < 2 {
+            return None;
+        }
+        let len = raw.get_u16() as usize;
+        let name = HeaderName::from_bytes(&take(raw, len)?).ok()?;
+        if raw.remaining() < 4 {
+            return None;
+        }
+        let len = raw.get_u32() as usize;
+        let value = HeaderValue::from_maybe_shared(take(raw, len)?).ok()?;
+        fields.push((name, value));
+    }
+    Some(fields)
 }
 
 #[cfg(test)]
@@ -142,6 +176,10 @@ mod tests {
             .push((HeaderName::from_static("x-a"), HeaderValue::from_static("")));
         r.body = Bytes::from_static(b"{\"ok\":true}\0\xff");
         r.fingerprint = Some([7; 32]);
+        r.trailers.push((
+            HeaderName::from_static("grpc-status"),
+            HeaderValue::from_static("0"),
+        ));
         let raw = r.encode();
         assert_eq!(Record::decode(raw.clone()), Some(r.clone()));
         // Truncated or extended blobs are refused.

@@ -85,17 +85,19 @@ async fn layers_on_different_namespaces_still_lock_separately() {
 }
 
 #[tokio::test]
-async fn a_router_wide_layer_lets_unmatched_paths_reach_the_404() {
+async fn a_router_wide_layer_refuses_unmatched_paths_instead_of_passing_them() {
     let store = MemoryStore::new();
     let app = Router::new()
         .route("/orders/{id}", post(token))
         .layer(layer(&store, Duration::ZERO));
+    // No route, no path parameter: the missing-key answer (the layer cannot
+    // tell the router's fallback from a router it wraps whole).
     let res = app
         .clone()
         .oneshot(Request::get("/nope").body(Body::empty()).unwrap())
         .await
         .unwrap();
-    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
     // A matched route still needs its key and is locked.
     let res = app
         .oneshot(Request::post("/orders/1").body(Body::empty()).unwrap())

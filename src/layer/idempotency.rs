@@ -15,6 +15,32 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// Default largest response body stored for replay: 256 KiB.
 pub const DEFAULT_MAX_STORED_BODY: usize = 256 << 10;
+/// Longest retention of completed records [`Idempotency::retention`]
+/// accepts: 365 days.
+pub const MAX_RETENTION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Representation headers: they give the stored bytes their meaning, so they
+/// are always stored and replayed, whatever
+/// [`replay_headers`](Idempotency::replay_headers) says.
+pub(crate) static REPRESENTATION_HEADERS: [HeaderName; 7] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::CONTENT_LANGUAGE,
+    header::CONTENT_LOCATION,
+    header::CONTENT_RANGE,
+    HeaderName::from_static("content-digest"),
+    HeaderName::from_static("repr-digest"),
+];
+
+/// The representation headers that describe the stored bytes themselves
+/// (their coding, range and digest): left out of the replay of a record
+/// whose body was not stored, whose empty body they would misdescribe.
+pub(crate) fn describes_bytes(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "content-encoding" | "content-range" | "content-digest" | "repr-digest"
+    )
+}
 
 /// How a request is fingerprinted, so that a key reused with a different
 /// request is refused (422) instead of replaying an unrelated response.
@@ -59,7 +85,7 @@ impl Default for Idempotency {
         Idempotency {
             retention: DEFAULT_RETENTION,
             max_body: DEFAULT_MAX_STORED_BODY,
-            headers: vec![header::CONTENT_TYPE],
+            headers: Vec::new(),
             fingerprint: Fingerprint::default(),
             store_when: Arc::new(default_store_when),
         }
@@ -73,26 +99,41 @@ fn default_store_when(status: StatusCode) -> bool {
 }
 
 impl Idempotency {
-    /// The defaults: 24 h retention, bodies up to 256 KiB, `Content-Type`
-    /// replayed, body fingerprint.
+    /// The defaults: 24 h retention, bodies up to 256 KiB, representation
+    /// headers and trailers replayed, body fingerprint.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// How long a completed record answers duplicates (at least 1 s).
+    /// How long a completed record answers duplicates: at least 1 s, at
+    /// most [`MAX_RETENTION`] (365 days); [`LockLayerBuilder::build`](super::LockLayerBuilder::build)
+    /// refuses anything else with a `ConfigError`.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
     }
 
-    /// Largest response body stored. Over it, only status and headers are
-    /// stored and a replay has an empty body (the log says so).
+    /// Largest response body stored (default 256 KiB, at most 64 MiB).
+    ///
+    /// A response whose body is over it is still sent whole to its client,
+    /// streamed **under the lock**: the lock is held until the body ends.
+    /// Only a body that ends cleanly is recorded, then as status, headers and
+    /// trailers without the body (`Record::body_omitted`), stored with the
+    /// release in one step before the client sees the end of the body; a
+    /// replay has an empty body and leaves out the headers that describe the
+    /// omitted bytes (`Content-Encoding`, `Content-Range`, digests). A body
+    /// that fails, or whose client goes away, stores nothing and frees the
+    /// key: the next duplicate runs the handler again.
     pub fn max_stored_body(mut self, max: usize) -> Self {
         self.max_body = max;
         self
     }
 
-    /// Response headers kept for replay (default: `Content-Type`). Each name
+    /// More response headers kept for replay (default: none). The
+    /// representation headers that give the stored bytes their meaning —
+    /// `Content-Type`, `Content-Encoding`, `Content-Language`,
+    /// `Content-Location`, `Content-Range`, `Content-Digest`, `Repr-Digest`
+    /// — are always kept, and so are the response's trailers. Each name
     /// is stored once; framing headers (`Content-Length`,
     /// `Transfer-Encoding`, `Connection`) never are.
     pub fn replay_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
@@ -118,6 +159,9 @@ impl Idempotency {
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
         if self.retention < Duration::from_secs(1) {
             return Err(ConfigError::new("retention", "must be at least 1 s"));
+        }
+        if self.retention > MAX_RETENTION {
+            return Err(ConfigError::new("retention", "must be at most 365 days"));
         }
         if self.max_body > 64 << 20 {
             return Err(ConfigError::new(

@@ -35,7 +35,9 @@ pub(crate) enum Kind {
 }
 
 impl KeyFrom {
-    /// The whole request path (without the query).
+    /// The whole request path (without the query), in one spelling per
+    /// path: percent-escapes decoded, empty segments dropped, so `/a//%62`
+    /// and `/a/b` share a key.
     pub fn path() -> Self {
         KeyFrom { kind: Kind::Path }
     }
@@ -48,14 +50,17 @@ impl KeyFrom {
         }
     }
 
-    /// A request header, e.g. `Idempotency-Key` or `X-GitHub-Delivery`.
+    /// A request header, e.g. `Idempotency-Key` or `X-GitHub-Delivery`, by
+    /// its raw bytes. A request that carries the header twice is refused
+    /// (400).
     pub fn header(name: HeaderName) -> Self {
         KeyFrom {
             kind: Kind::Header(name),
         }
     }
 
-    /// A query-string parameter.
+    /// A query-string parameter, decoded to raw bytes (never lossily). A
+    /// request that gives the parameter twice is refused (400).
     pub fn query(name: &str) -> Self {
         KeyFrom {
             kind: Kind::Query(name.into()),
@@ -63,7 +68,9 @@ impl KeyFrom {
     }
 
     /// A field of a JSON body, by JSON pointer (RFC 6901), e.g. `"/id"` or
-    /// `"/data/object/id"`. Strings and numbers are accepted. The body is
+    /// `"/data/object/id"`. Strings and integers of up to 64 bits are
+    /// accepted; other numbers (fractions, larger integers, which lose
+    /// digits on the way) count as no key: send such ids as strings. The body is
     /// read (within the body limit) and handed to the service unchanged.
     pub fn json_pointer(pointer: &str) -> Self {
         KeyFrom {
@@ -88,7 +95,9 @@ impl KeyFrom {
             Kind::PathParam(n) => format!("path parameter `{n}`"),
             Kind::Header(n) => format!("header `{n}`"),
             Kind::Query(n) => format!("query parameter `{n}`"),
-            Kind::JsonPointer(p) => format!("JSON body field `{p}` (a string or number)"),
+            Kind::JsonPointer(p) => {
+                format!("JSON body field `{p}` (a string, or an integer of at most 64 bits)")
+            }
             Kind::Custom(_) => "a key from the request (custom extractor)".to_owned(),
         }
     }
@@ -103,30 +112,36 @@ impl KeyFrom {
         matches!(self.kind, Kind::JsonPointer(_))
     }
 
-    /// Finds the id in the request head (every source but the body).
-    pub(crate) async fn id_in_head(&self, parts: &mut Parts) -> Option<String> {
-        match &self.kind {
-            Kind::Path => Some(parts.uri.path().to_owned()),
-            Kind::PathParam(name) => {
-                let params = RawPathParams::from_request_parts(parts, &()).await.ok()?;
-                params
+    /// Finds the id in the request head (every source but the body), as raw
+    /// bytes: never lossily decoded, so two different ids never share a key.
+    /// A source that appears twice is refused: which one the handler reads
+    /// is not ours to guess.
+    pub(crate) async fn id_in_head(&self, parts: &mut Parts) -> Result<Option<Vec<u8>>, Repeated> {
+        let id = match &self.kind {
+            Kind::Path => Some(canonical_path(parts.uri.path())),
+            Kind::PathParam(name) => match RawPathParams::from_request_parts(parts, &()).await {
+                Ok(params) => params
                     .iter()
                     .find(|(k, _)| *k == &**name)
-                    .map(|(_, v)| v.to_owned())
+                    .map(|(_, v)| v.as_bytes().to_vec()),
+                Err(_) => None,
+            },
+            Kind::Header(name) => {
+                let mut all = parts.headers.get_all(name).iter();
+                let first = all.next();
+                if all.next().is_some() {
+                    return Err(Repeated);
+                }
+                first.map(|v| v.as_bytes().to_vec())
             }
-            Kind::Header(name) => parts
-                .headers
-                .get(name)
-                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
-            Kind::Query(name) => parts.uri.query().and_then(|q| {
-                form_urlencoded::parse(q.as_bytes())
-                    .find(|(k, _)| k == &**name)
-                    .map(|(_, v)| v.into_owned())
-            }),
-            Kind::Custom(f) => f(parts),
+            Kind::Query(name) => match parts.uri.query() {
+                Some(q) => query_value(q, name)?,
+                None => None,
+            },
+            Kind::Custom(f) => f(parts).map(String::into_bytes),
             Kind::JsonPointer(_) => None,
-        }
-        .filter(|id| !id.is_empty())
+        };
+        Ok(id.filter(|id| !id.is_empty()))
     }
 
     /// Finds the id in a JSON body.
@@ -137,10 +152,83 @@ impl KeyFrom {
         let value: serde_json::Value = serde_json::from_slice(body)?;
         Ok(match value.pointer(pointer) {
             Some(serde_json::Value::String(s)) if !s.is_empty() => Some(s.clone()),
-            Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+            // Integers only: any other number went through an `f64`, where
+            // two different ids (`1e400`, 23-digit integers) can meet.
+            Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => Some(n.to_string()),
             _ => None,
         })
     }
+}
+
+/// A key source that appears more than once in the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Repeated;
+
+/// Appends `s` to `out` with each `%XX` decoded to its byte (a `%` not
+/// followed by two hex digits stays as it is) and, for a query, `+` as a
+/// space.
+fn percent_decode(out: &mut Vec<u8>, s: &[u8], plus_is_space: bool) {
+    let mut i = 0;
+    while i < s.len() {
+        let escape = (s[i] == b'%')
+            .then(|| Some((hex(*s.get(i + 1)?)?, hex(*s.get(i + 2)?)?)))
+            .flatten();
+        match (s[i], escape) {
+            (_, Some((h, l))) => {
+                out.push(h << 4 | l);
+                i += 3;
+            }
+            (b'+', None) if plus_is_space => {
+                out.push(b' ');
+                i += 1;
+            }
+            (c, None) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+}
+
+fn form_decode(s: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    percent_decode(&mut out, s.as_bytes(), true);
+    out
+}
+
+fn hex(c: u8) -> Option<u8> {
+    (c as char).to_digit(16).map(|d| d as u8)
+}
+
+/// The value of query parameter `name`, decoded to bytes; `Repeated` if it
+/// appears twice.
+fn query_value(query: &str, name: &str) -> Result<Option<Vec<u8>>, Repeated> {
+    let mut found = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if form_decode(k) == name.as_bytes() {
+            if found.is_some() {
+                return Err(Repeated);
+            }
+            found = Some(form_decode(v));
+        }
+    }
+    Ok(found)
+}
+
+/// One spelling per path: percent-escapes decoded to bytes, empty segments
+/// dropped (`/a//%62` and `/a/b` share a key). Decoding `%2F` may merge two
+/// paths that route apart; that only makes them exclude each other.
+fn canonical_path(path: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(path.len());
+    for seg in path.split('/').filter(|s| !s.is_empty()) {
+        out.push(b'/');
+        percent_decode(&mut out, seg.as_bytes(), false);
+    }
+    if out.is_empty() || (path.ends_with('/') && path.len() > 1) {
+        out.push(b'/');
+    }
+    out
 }
 
 /// The default namespace of a layer: the matched route template, so that
@@ -187,6 +275,7 @@ impl fmt::Debug for KeyFrom {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     fn parts(uri: &str) -> Parts {
         http::Request::builder()
@@ -198,29 +287,70 @@ mod tests {
             .0
     }
 
+    async fn id(k: &KeyFrom, p: &mut Parts) -> Result<Option<Vec<u8>>, Repeated> {
+        k.id_in_head(p).await
+    }
+
+    fn found(id: &[u8]) -> Result<Option<Vec<u8>>, Repeated> {
+        Ok(Some(id.to_vec()))
+    }
+
     #[tokio::test]
     async fn head_sources() {
         let mut p = parts("/a/b?event=e%201&x=2");
-        assert_eq!(
-            KeyFrom::path().id_in_head(&mut p).await.as_deref(),
-            Some("/a/b")
-        );
-        assert_eq!(
-            KeyFrom::query("event").id_in_head(&mut p).await.as_deref(),
-            Some("e 1")
-        );
-        assert_eq!(KeyFrom::query("nope").id_in_head(&mut p).await, None);
-        assert_eq!(
-            KeyFrom::header(HeaderName::from_static("x-delivery"))
-                .id_in_head(&mut p)
-                .await
-                .as_deref(),
-            Some("d-1")
-        );
+        assert_eq!(id(&KeyFrom::path(), &mut p).await, found(b"/a/b"));
+        assert_eq!(id(&KeyFrom::query("event"), &mut p).await, found(b"e 1"));
+        assert_eq!(id(&KeyFrom::query("nope"), &mut p).await, Ok(None));
+        let delivery = KeyFrom::header(HeaderName::from_static("x-delivery"));
+        assert_eq!(id(&delivery, &mut p).await, found(b"d-1"));
         let custom = KeyFrom::custom(|p| Some(p.method.to_string()));
-        assert_eq!(custom.id_in_head(&mut p).await.as_deref(), Some("GET"));
+        assert_eq!(id(&custom, &mut p).await, found(b"GET"));
         // Outside an axum router there are no path params.
-        assert_eq!(KeyFrom::path_param("id").id_in_head(&mut p).await, None);
+        assert_eq!(id(&KeyFrom::path_param("id"), &mut p).await, Ok(None));
+    }
+
+    #[tokio::test]
+    async fn one_spelling_per_id_and_no_repeats() {
+        let path = KeyFrom::path();
+        for (a, b) in [
+            ("/a/b", "/a//%62"),
+            ("/a/b/", "//a/b//"),
+            ("/", "//"),
+            ("/%7Bx%7D", "/{x}"),
+        ] {
+            assert_eq!(
+                id(&path, &mut parts(a)).await,
+                id(&path, &mut parts(b)).await,
+                "{a} vs {b}"
+            );
+        }
+        assert_ne!(
+            id(&path, &mut parts("/a/b")).await,
+            id(&path, &mut parts("/a/b/")).await
+        );
+        // Raw bytes, never lossily decoded: %FF and %FE stay apart.
+        let q = KeyFrom::query("id");
+        assert_eq!(id(&q, &mut parts("/?id=%FF")).await, found(b"\xff"));
+        assert_eq!(id(&q, &mut parts("/?i%64=a+b%2")).await, found(b"a b%2"));
+        assert_eq!(id(&q, &mut parts("/?id=a&id=b")).await, Err(Repeated));
+        assert_eq!(id(&q, &mut parts("/?id=a&id=a")).await, Err(Repeated));
+        assert_eq!(id(&q, &mut parts("/?id=&x=1")).await, Ok(None));
+        let h = KeyFrom::header(HeaderName::from_static("x-id"));
+        let mut twice = http::Request::builder()
+            .header("x-id", "a")
+            .header("x-id", "b")
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        assert_eq!(id(&h, &mut twice).await, Err(Repeated));
+        let mut odd = http::Request::builder()
+            .header("x-id", HeaderValue::from_bytes(b"\xff").unwrap())
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        assert_eq!(id(&h, &mut odd).await, found(b"\xff"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `LockLayer` and its builder.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::{HeaderName, StatusCode};
 use tower_layer::Layer;
@@ -14,6 +15,8 @@ use crate::{LockStore, Locker};
 
 /// Default name of the response header that carries the fencing token.
 pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
+/// Longest locker wait timeout a layer accepts (24 h).
+const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 /// Default body limit for keys read from the body: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
 
@@ -66,6 +69,17 @@ pub(crate) struct Config<St> {
     pub(crate) on_missing_key: OnMissingKey,
     pub(crate) hold_until_body_end: bool,
     pub(crate) idempotency: Option<Idempotency>,
+    /// Whether a misplacement of this layer was logged (once per layer).
+    pub(crate) misplaced_logged: AtomicBool,
+}
+
+impl<St> Config<St> {
+    /// Runs `log` the first time this layer finds itself misplaced.
+    pub(crate) fn misplaced_once(&self, log: impl FnOnce()) {
+        if !self.misplaced_logged.swap(true, Ordering::Relaxed) {
+            log();
+        }
+    }
 }
 
 /// Takes a lock per request before the inner service runs.
@@ -86,9 +100,20 @@ pub(crate) struct Config<St> {
 ///
 /// Put the layer on the method router with `route_layer`, as above, so that
 /// only the handled method is locked: a request with a wrong method gets its
-/// 405 without taking (or waiting for) the lock. `Router::layer` works too
-/// (requests that match no route pass through to the 404), but then a 405
-/// answer is also given under the lock.
+/// 405 without taking (or waiting for) the lock. `Router::layer` locks the
+/// routes too, but a 405 is then also answered under the lock, and a
+/// request that matches no route reaches the layer without a route.
+///
+/// A layer outside routing (around a whole `Router`, or reached by a
+/// request that matched no route) sees no path parameters: with
+/// [`KeyFrom::path_param`] it never runs the inner service unlocked, but
+/// answers [`OnMissingKey`] (400 by default, saying that the layer should be
+/// a `route_layer`) and logs the misplacement once, at error level. Its
+/// default namespace is the matched route; without one, a layer with no
+/// [`namespace`](LockLayerBuilder::namespace) puts every key in the
+/// namespace `http` (requests of different routes with the same id then
+/// exclude each other), and an idempotent one refuses with 500 rather than
+/// let one route's record answer another's request.
 ///
 /// Per request: find the key (400 if missing; body keys within the body
 /// limit, 413 past it) → acquire (409 or 423 with `Retry-After` on
@@ -153,6 +178,7 @@ impl<St: LockStore> LockLayer<St> {
                 on_missing_key: OnMissingKey::default(),
                 hold_until_body_end: false,
                 idempotency: None,
+                misplaced_logged: AtomicBool::new(false),
             },
         }
     }
@@ -226,7 +252,9 @@ impl<St: LockStore> LockLayerBuilder<St> {
         self
     }
 
-    /// Reject (default) or pass through requests without a key.
+    /// Reject with 400 (default) or pass through requests without a key,
+    /// including every request of a path-parameter layer that sits outside
+    /// routing (see [`LockLayer`]): `PassThrough` runs those unlocked.
     pub fn on_missing_key(mut self, policy: OnMissingKey) -> Self {
         self.config.on_missing_key = policy;
         self
@@ -249,7 +277,10 @@ impl<St: LockStore> LockLayerBuilder<St> {
         self
     }
 
-    /// Checks the settings.
+    /// Checks the settings: among others, the idempotency retention (at
+    /// most [`MAX_RETENTION`](super::MAX_RETENTION)) and the locker's wait
+    /// timeout (at most 24 h) are refused past their bounds, never left to
+    /// overflow on the request path.
     pub fn build(self) -> Result<LockLayer<St>, ConfigError> {
         let c = &self.config;
         if let Some(idem) = &c.idempotency {
@@ -279,6 +310,14 @@ impl<St: LockStore> LockLayerBuilder<St> {
                 "on_lock_lost",
                 "Abort cannot stop a response body that is already being sent; \
                  use KeepRunning with hold_until_body_end",
+            ));
+        }
+        if c.locker.wait_timeout() > MAX_WAIT {
+            // (A deadline past the clock's range would panic on the request
+            // path; no HTTP client waits that long anyway.)
+            return Err(ConfigError::new(
+                "wait_timeout",
+                "a lock layer waits at most 24 h for a lock",
             ));
         }
         if c.body_limit > 64 << 20 {

@@ -35,6 +35,7 @@ mod key;
 #[allow(clippy::module_inception)]
 mod layer;
 mod problem;
+mod replay;
 mod service;
 
 pub use body::ResponseBody;
@@ -42,6 +43,7 @@ pub use extract::MissingLockGuard;
 pub use future::ResponseFuture;
 pub use idempotency::{
     DEFAULT_MAX_STORED_BODY, DEFAULT_RETENTION, Fingerprint, IDEMPOTENT_REPLAYED, Idempotency,
+    MAX_RETENTION,
 };
 pub use key::KeyFrom;
 pub use layer::{

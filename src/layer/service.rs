@@ -4,22 +4,28 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::extract::MatchedPath;
-use bytes::{Bytes, BytesMut};
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use sha2::{Digest, Sha256};
 use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::future::ResponseFuture;
-use super::idempotency::{Fingerprint, IDEMPOTENT_REPLAYED, Idempotency};
+use super::idempotency::Fingerprint;
 use super::key::route_namespace;
 use super::layer::{Config, OnLockLost, OnMissingKey, OnStoreError};
 use super::problem::Problem;
-use crate::{Acquired, BoxError, Error, LockGuard, LockKey, LockStore, Record};
+use super::replay::{finish, replay};
+use crate::{Acquired, BoxError, Error, LockGuard, LockKey, LockStore};
 
 /// Namespace used when no namespace is set and no route matched.
 const FALLBACK_NAMESPACE: &str = "http";
+
+/// Marks a request whose lock was taken by an idempotent layer (which
+/// checks and stores the record of `key`).
+#[derive(Clone)]
+struct IdempotentHold(LockKey);
 
 /// The service made by [`LockLayer`](super::LockLayer).
 pub struct Lock<S, St> {
@@ -137,7 +143,7 @@ where
         };
         let id = if c.key.needs_body() {
             match c.key.id_in_json(&bytes) {
-                Ok(id) => id,
+                Ok(id) => Ok(id.map(String::into_bytes)),
                 Err(e) => {
                     return Ok(reject(
                         Problem::new(
@@ -157,29 +163,75 @@ where
         (c.key.id_in_head(&mut parts).await, body, None)
     };
     let mut req = Request::from_parts(parts, body);
+    let routed = req.extensions().get::<MatchedPath>().is_some();
+    let Ok(id) = id else {
+        // Never guess which of two ids the handler will read.
+        return Ok(reject(
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "the lock key source appears more than once: {}",
+                    c.key.describe()
+                ),
+            ),
+            None,
+        ));
+    };
     let Some(id) = id else {
-        // A path-parameter key on a request that matched no route (the
-        // router's 404 fallback, when the layer wraps a whole `Router`):
-        // nothing to protect, let the router answer.
-        if c.key.is_path_param() && req.extensions().get::<MatchedPath>().is_none() {
-            return run_unlocked(inner, req).await;
-        }
+        // A path-parameter key on a request that matched no route: the layer
+        // sits outside routing (around a whole `Router`, or on its
+        // fallback), where no path parameter exists. Never a pass-through of
+        // its own: the inner service may be a whole router whose handlers
+        // would run unlocked.
+        let detail = if c.key.is_path_param() && !routed {
+            c.misplaced_once(|| {
+                tracing::error!(
+                    key = ?c.key,
+                    "lock layer misplaced: it sees requests before routing (around a whole \
+                     Router?), where path parameters do not exist; put it on the route with \
+                     `route_layer`. Requests without a key get the OnMissingKey answer."
+                )
+            });
+            format!(
+                "the request has no lock key: {} is only known on a matched route, and this \
+                 lock layer sits outside routing (it should be a `route_layer` on the route)",
+                c.key.describe()
+            )
+        } else {
+            format!("the request has no lock key: expected {}", c.key.describe())
+        };
         return match c.on_missing_key {
             OnMissingKey::PassThrough => run_unlocked(inner, req).await,
-            OnMissingKey::Reject => Ok(reject(
-                Problem::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("the request has no lock key: expected {}", c.key.describe()),
-                ),
-                None,
-            )),
+            OnMissingKey::Reject => Ok(reject(Problem::new(StatusCode::BAD_REQUEST, detail), None)),
         };
     };
-    let namespace = match &c.namespace {
-        Some(ns) => ns.clone(),
-        None => route_namespace(req.extensions()).unwrap_or_else(|| FALLBACK_NAMESPACE.to_owned()),
+    let namespace = match (&c.namespace, route_namespace(req.extensions())) {
+        (Some(ns), _) => ns.clone(),
+        (None, Some(ns)) => ns,
+        // No namespace and no matched route: every request through this
+        // layer shares one namespace. Safe for mutual exclusion (requests of
+        // two routes at worst exclude each other), not for replay: a record
+        // of one route must never answer another's request.
+        (None, None) if c.idempotency.is_none() => FALLBACK_NAMESPACE.to_owned(),
+        (None, None) => {
+            c.misplaced_once(|| {
+                tracing::error!(
+                    "idempotent lock layer without a namespace outside routing: a completed \
+                     record could answer another route's request; set \
+                     LockLayerBuilder::namespace or put the layer on the route with `route_layer`"
+                )
+            });
+            return Ok(reject(
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the idempotent lock layer is misconfigured: it has no namespace and sits \
+                     outside routing",
+                ),
+                None,
+            ));
+        }
     };
-    let key = match LockKey::new(&namespace, id.as_bytes()) {
+    let key = match LockKey::new(&namespace, &id[..]) {
         Ok(key) => key,
         Err(e) => return Ok(reject(Problem::from_error(&e, c.contention), None)),
     };
@@ -188,13 +240,38 @@ where
     // the same store, for this request (nested locked routes or services).
     // Run under one more hold of its lock, with its fencing token; waiting
     // for our own lock would deadlock. The record, if any, is the outer
-    // layer's to store.
-    if let Some(again) = req
+    // layer's to store — so an idempotent layer re-enters only a lock taken
+    // by an idempotent layer: under any other, no record would be checked
+    // or stored and every duplicate would run again.
+    let outer = req
         .extensions()
         .get::<LockGuard>()
-        .filter(|outer| outer.key() == &key && outer.is_from(c.locker.store_id()))
-        .and_then(|outer| outer.reenter().ok())
+        .filter(|outer| outer.key() == &key && outer.is_from(c.locker.store_id()));
+    if outer.is_some()
+        && c.idempotency.is_some()
+        && req
+            .extensions()
+            .get::<IdempotentHold>()
+            .is_none_or(|held| held.0 != key)
     {
+        c.misplaced_once(|| {
+            tracing::error!(
+                key = %key,
+                "idempotent lock layer nested inside a lock layer on the same key that stores no \
+                 records: duplicates would run again; make the outer layer idempotent or give \
+                 the layers different namespaces"
+            )
+        });
+        return Ok(reject(
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the idempotent lock layer is misconfigured: it is nested inside a lock on the \
+                 same key that stores no records",
+            ),
+            Some(&key),
+        ));
+    }
+    if let Some(again) = outer.and_then(|outer| outer.reenter().ok()) {
         let token = again.fencing_token();
         req.extensions_mut().insert(again.clone());
         let mut res = again.scope(inner.call(req)).await?;
@@ -230,6 +307,9 @@ where
     let token = guard.fencing_token();
     req.extensions_mut().insert(guard.clone());
     req.extensions_mut().insert(token);
+    if c.idempotency.is_some() {
+        req.extensions_mut().insert(IdempotentHold(key.clone()));
+    }
 
     // 3. The service, under the lock (and in its scope, so that the handler
     // re-enters when it asks the locker for the same key).
@@ -299,129 +379,6 @@ where
     }
 }
 
-/// The stored answer of a completed request, or 422 when the key comes back
-/// with a different request.
-fn replay<B>(
-    record: Record,
-    fingerprint: Option<[u8; 32]>,
-    key: &LockKey,
-) -> Response<ResponseBody<B>> {
-    if let (Some(stored), Some(now)) = (record.fingerprint, fingerprint)
-        && stored != now
-    {
-        return reject(
-            Problem::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "this idempotency key was already used with a different request",
-            ),
-            Some(key),
-        );
-    }
-    tracing::debug!(key = %key, status = record.status.as_u16(), "replaying a completed request");
-    let mut res = Response::new(ResponseBody::full(record.body));
-    *res.status_mut() = record.status;
-    let h = res.headers_mut();
-    for (name, value) in record.headers {
-        h.append(name, value);
-    }
-    h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    res
-}
-
-/// Buffers the response body (up to the stored-body limit), stores the
-/// record and releases in one step, and hands the same response on.
-async fn finish<B>(
-    idem: &Idempotency,
-    guard: LockGuard,
-    res: Response<B>,
-    fingerprint: Option<[u8; 32]>,
-) -> Response<ResponseBody<B>>
-where
-    B: http_body::Body<Data = Bytes>,
-{
-    let (parts, body) = res.into_parts();
-    let mut body = Box::pin(body);
-    let mut buf = BytesMut::new();
-    let mut complete = true;
-    let mut failed = false;
-    while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else {
-            failed = true;
-            break;
-        };
-        if let Ok(data) = frame.into_data() {
-            buf.extend_from_slice(&data);
-            if buf.len() > idem.max_body {
-                complete = false;
-                break;
-            }
-        }
-    }
-    if failed {
-        // The response failed mid-body: store nothing, free the key.
-        let key = guard.key().clone();
-        let _ = guard.release().await;
-        return reject(
-            Problem::new(
-                StatusCode::BAD_GATEWAY,
-                "the handler's response body failed",
-            ),
-            Some(&key),
-        );
-    }
-    let buf = buf.freeze();
-    let mut record = Record::new(parts.status);
-    record.fingerprint = fingerprint;
-    // Each chosen name once; never framing headers, which describe the
-    // original transfer, not the stored body.
-    let mut names: Vec<&HeaderName> = Vec::new();
-    for name in &idem.headers {
-        let framing = matches!(
-            name.as_str(),
-            "content-length" | "transfer-encoding" | "connection" | "keep-alive" | "trailer"
-        );
-        if !framing && !names.contains(&name) {
-            names.push(name);
-        }
-    }
-    record.headers = names
-        .into_iter()
-        .flat_map(|name| {
-            parts
-                .headers
-                .get_all(name)
-                .iter()
-                .map(move |v| (name.clone(), v.clone()))
-        })
-        .collect();
-    if complete {
-        record.body = buf.clone();
-    } else {
-        record.body_omitted = true;
-        tracing::warn!(
-            key = %guard.key(),
-            limit = idem.max_body,
-            "response body over the stored-body limit: storing status and headers only"
-        );
-    }
-    let key = guard.key().clone();
-    match guard.finish(&record, idem.retention).await {
-        Ok(true) => {}
-        Ok(false) => {
-            tracing::warn!(key = %key, "lock lost before the outcome could be stored; a duplicate will run again")
-        }
-        Err(e) => {
-            tracing::warn!(key = %key, error = %e, "storing the outcome failed; a duplicate will run again")
-        }
-    }
-    let body = if complete {
-        ResponseBody::full(buf)
-    } else {
-        ResponseBody::chained(buf, body)
-    };
-    Response::from_parts(parts, body)
-}
-
 fn too_large(limit: usize) -> Problem {
     Problem::new(
         StatusCode::PAYLOAD_TOO_LARGE,
@@ -429,7 +386,7 @@ fn too_large(limit: usize) -> Problem {
     )
 }
 
-fn reject<B>(p: Problem, key: Option<&LockKey>) -> Response<ResponseBody<B>> {
+pub(super) fn reject<B>(p: Problem, key: Option<&LockKey>) -> Response<ResponseBody<B>> {
     let p = if key.is_some() { p.key(key) } else { p };
     tracing::info!(
         status = p.status.as_u16(),

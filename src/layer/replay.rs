@@ -1,0 +1,152 @@
+//! Idempotent outcomes: storing a completed request's response with the
+//! release, and replaying it to duplicates.
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use http_body_util::BodyExt;
+
+use super::body::{ResponseBody, fields, store_and_release};
+use super::idempotency::{
+    IDEMPOTENT_REPLAYED, Idempotency, REPRESENTATION_HEADERS, describes_bytes,
+};
+use super::problem::Problem;
+use super::service::reject;
+use crate::{LockGuard, LockKey, Record};
+
+/// The stored answer of a completed request, or 422 when the key comes back
+/// with a different request.
+pub(super) fn replay<B>(
+    record: Record,
+    fingerprint: Option<[u8; 32]>,
+    key: &LockKey,
+) -> Response<ResponseBody<B>> {
+    if let (Some(stored), Some(now)) = (record.fingerprint, fingerprint)
+        && stored != now
+    {
+        return reject(
+            Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "this idempotency key was already used with a different request",
+            ),
+            Some(key),
+        );
+    }
+    tracing::debug!(key = %key, status = record.status.as_u16(), "replaying a completed request");
+    let trailers = (!record.trailers.is_empty()).then(|| {
+        let mut map = HeaderMap::new();
+        for (name, value) in record.trailers {
+            map.append(name, value);
+        }
+        map
+    });
+    let mut res = Response::new(ResponseBody::full_with_trailers(record.body, trailers));
+    *res.status_mut() = record.status;
+    let h = res.headers_mut();
+    for (name, value) in record.headers {
+        // A record without its body: no coding, range or digest of bytes
+        // that are not there.
+        if record.body_omitted && describes_bytes(&name) {
+            continue;
+        }
+        h.append(name, value);
+    }
+    h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    res
+}
+
+/// Buffers the response body (up to the stored-body limit), stores the
+/// record and releases in one step, and hands the same response on, trailers
+/// included. A body over the limit is handed on under the lock instead: its
+/// record (body omitted) is stored with the release once it has ended
+/// cleanly (see [`Idempotency::max_stored_body`]).
+pub(super) async fn finish<B>(
+    idem: &Idempotency,
+    guard: LockGuard,
+    res: Response<B>,
+    fingerprint: Option<[u8; 32]>,
+) -> Response<ResponseBody<B>>
+where
+    B: http_body::Body<Data = Bytes>,
+{
+    let (parts, body) = res.into_parts();
+    let mut body = Box::pin(body);
+    let mut buf = BytesMut::new();
+    let mut trailers = None;
+    let mut over = false;
+    loop {
+        // (The error itself is not kept across the release below.)
+        let frame = match body.frame().await {
+            None => break,
+            Some(frame) => frame.ok(),
+        };
+        let Some(frame) = frame else {
+            // The response failed mid-body: store nothing, free the key.
+            let key = guard.key().clone();
+            let _ = guard.release().await;
+            return reject(
+                Problem::new(
+                    StatusCode::BAD_GATEWAY,
+                    "the handler's response body failed",
+                ),
+                Some(&key),
+            );
+        };
+        match frame.into_data() {
+            Ok(data) => {
+                buf.extend_from_slice(&data);
+                if buf.len() > idem.max_body {
+                    over = true;
+                    break;
+                }
+            }
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    trailers = Some(t);
+                }
+            }
+        }
+    }
+    let buf = buf.freeze();
+    let mut record = Record::new(parts.status);
+    record.fingerprint = fingerprint;
+    // Each name once: the representation headers, which give the stored
+    // bytes their meaning, then the chosen ones; never framing headers,
+    // which describe the original transfer, not the stored body.
+    let mut names: Vec<&HeaderName> = Vec::new();
+    for name in REPRESENTATION_HEADERS.iter().chain(&idem.headers) {
+        let framing = matches!(
+            name.as_str(),
+            "content-length" | "transfer-encoding" | "connection" | "keep-alive" | "trailer"
+        );
+        if !framing && !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    record.headers = names
+        .into_iter()
+        .flat_map(|name| {
+            parts
+                .headers
+                .get_all(name)
+                .iter()
+                .map(move |v| (name.clone(), v.clone()))
+        })
+        .collect();
+    if over {
+        record.body_omitted = true;
+        tracing::debug!(
+            key = %guard.key(),
+            limit = idem.max_body,
+            "response body over the stored-body limit: streaming it under the lock; \
+             status, headers and trailers are stored once it ends"
+        );
+        let body = ResponseBody::finish_at_end(buf, body, guard, record, idem.retention);
+        return Response::from_parts(parts, body);
+    }
+    record.body = buf.clone();
+    if let Some(t) = &trailers {
+        record.trailers = fields(t);
+    }
+    store_and_release(guard, record, idem.retention).await;
+    Response::from_parts(parts, ResponseBody::full_with_trailers(buf, trailers))
+}

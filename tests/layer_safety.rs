@@ -1,0 +1,1089 @@
+//! The layer never fails open, never stores or streams outside its lock what
+//! it should not, and replays byte- and meaning-identical answers:
+//!
+//! - a path-parameter layer outside routing (around a whole `Router`) answers
+//!   400 and never runs a handler unlocked; an idempotent layer without a
+//!   namespace outside routing refuses instead of sharing records between
+//!   routes;
+//! - a response body over the stored-body limit is streamed under the lock
+//!   and recorded only once it has ended cleanly;
+//! - replays keep the representation headers (`Content-Encoding` …) and
+//!   the trailers, and records of the previous format still replay;
+//! - durations that would overflow on the request path are refused by the
+//!   builder;
+//! - a re-entered hold is given back when the inner service fails or its
+//!   future is dropped.
+//!
+//! Layer behaviour runs on the memory store; whatever claims a record stored
+//! in Redis runs on a real `redis-server` from the test support too.
+
+mod support;
+
+use support::RedisServer;
+use support::eventually;
+use support::http::{Gate, Reply, join, read};
+
+use std::collections::VecDeque;
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::Response;
+use axum::routing::post;
+use bytes::Bytes;
+use http::header::{CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_TYPE};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+use tokio::sync::mpsc;
+use tokio::time::timeout;
+use tower::{Layer, Service, ServiceExt};
+use tower_redis_lock::layer::MAX_RETENTION;
+use tower_redis_lock::{
+    Idempotency, KeyFrom, LockKey, LockLayer, LockStore, Locker, MemoryStore, OnMissingKey, Record,
+    RedisStore,
+};
+
+/// Upper bound on every wait for a condition; reached only on failure.
+const LIMIT: Duration = Duration::from_secs(10);
+const KEY_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
+const X_CHECKSUM: HeaderName = HeaderName::from_static("x-checksum");
+
+/// `gzip` of `hello`.
+const HELLO_GZ: &[u8] = &[
+    0x1f, 0x8b, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, 0xcb, 0x48, 0xcd, 0xc9, 0xc9, 0x07,
+    0x00, 0x86, 0xa6, 0x10, 0x36, 0x05, 0x00, 0x00, 0x00,
+];
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+/// Sends `req` through any service and reads the answer.
+async fn call<S, B>(svc: &S, req: Request<Body>) -> Reply
+where
+    S: Service<Request<Body>, Response = http::Response<B>> + Clone,
+    S::Error: Debug,
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Debug,
+{
+    let res = timeout(LIMIT, svc.clone().oneshot(req))
+        .await
+        .expect("no answer")
+        .unwrap();
+    read(res).await
+}
+
+/// A response with its body read frame by frame, trailers kept; a body
+/// error is kept too instead of failing the test.
+#[derive(Debug)]
+struct Full {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    trailers: Option<HeaderMap>,
+    failed: bool,
+}
+
+async fn read_full<B>(res: http::Response<B>) -> Full
+where
+    B: http_body::Body<Data = Bytes>,
+{
+    let (parts, body) = res.into_parts();
+    let mut body = std::pin::pin!(body);
+    let mut data = Vec::new();
+    let mut trailers = None;
+    let mut failed = false;
+    while let Some(frame) = timeout(LIMIT, body.frame())
+        .await
+        .expect("the body did not end")
+    {
+        match frame {
+            Ok(frame) => match frame.into_data() {
+                Ok(d) => data.extend_from_slice(&d),
+                Err(frame) => trailers = frame.into_trailers().ok(),
+            },
+            Err(_) => {
+                failed = true;
+                break;
+            }
+        }
+    }
+    Full {
+        status: parts.status,
+        headers: parts.headers,
+        body: Bytes::from(data),
+        trailers,
+        failed,
+    }
+}
+
+fn replayed(headers: &HeaderMap) -> bool {
+    headers
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true")
+}
+
+fn keyed(uri: &str, key: &str) -> Request<Body> {
+    Request::post(uri)
+        .header(KEY_HEADER, key)
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// Whether `key` is free: a probe takes it and gives it back.
+async fn is_free<St: LockStore + Clone>(store: &St, key: &LockKey) -> bool {
+    match Locker::new(store.clone()).try_acquire(key).await {
+        Ok(guard) => {
+            guard.release().await.unwrap();
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+async fn record<St: LockStore>(store: &St, ns: &str, id: &str) -> Option<Record> {
+    let key = LockKey::new(ns, id).unwrap();
+    let raw = store.read_record(&key).await.unwrap()?;
+    Some(Record::decode(raw).expect("a record this version reads"))
+}
+
+fn redis() -> (RedisStore, RedisServer) {
+    support::stores::redis()
+}
+
+/// Counts a handler's runs, and how many ran at once at most.
+#[derive(Clone, Default)]
+struct Runs {
+    runs: Arc<AtomicUsize>,
+    inside: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+}
+
+impl Runs {
+    fn enter(&self) {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        let now = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+    }
+    fn leave(&self) {
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+    }
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+    fn most(&self) -> usize {
+        self.most.load(Ordering::SeqCst)
+    }
+}
+
+/// `POST /orders/{id}`: counts its runs and waits at the gate.
+fn orders(runs: Runs, gate: Gate) -> Router {
+    Router::new().route(
+        "/orders/{id}",
+        post(move || {
+            let (runs, gate) = (runs.clone(), gate.clone());
+            async move {
+                runs.enter();
+                gate.pass().await;
+                runs.leave();
+                "done"
+            }
+        }),
+    )
+}
+
+fn path_param_layer(store: &MemoryStore) -> LockLayer<MemoryStore> {
+    LockLayer::builder(Locker::new(store.clone()), KeyFrom::path_param("id"))
+        .namespace("orders")
+        .build()
+        .unwrap()
+}
+
+/// Counts error-level events whose message mentions `needle`.
+struct CountErrors {
+    needle: &'static str,
+    seen: Arc<AtomicUsize>,
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountErrors {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        if *event.metadata().level() != tracing::Level::ERROR {
+            return;
+        }
+        let mut m = Message(String::new());
+        event.record(&mut m);
+        if m.0.contains(self.needle) {
+            self.seen.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 2. A path-parameter layer outside routing
+// ---------------------------------------------------------------------------
+
+// Current-thread: the counting subscriber is set for this thread only.
+#[tokio::test(flavor = "current_thread")]
+async fn a_path_param_layer_around_a_whole_router_refuses_and_never_runs_a_handler() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let logged = Arc::new(AtomicUsize::new(0));
+    let subscriber = tracing_subscriber::registry().with(CountErrors {
+        needle: "misplaced",
+        seen: logged.clone(),
+    });
+    let _log = tracing::subscriber::set_default(subscriber);
+
+    let store = MemoryStore::new();
+    let runs = Runs::default();
+    // (No one waits at this gate: a handler that ran would pass at once.)
+    let gate = Gate::new().0;
+    // The layer sees every request before the router has matched it.
+    let app = tower::ServiceBuilder::new()
+        .layer(path_param_layer(&store))
+        .service(orders(runs.clone(), gate));
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { call(&app, keyed("/orders/1", "-")).await })
+        })
+        .collect();
+    for task in tasks {
+        let r = join(task).await;
+        let p = r.problem(StatusCode::BAD_REQUEST);
+        let detail = p["detail"].as_str().unwrap();
+        assert!(detail.contains("route_layer"), "{detail}");
+        assert!(detail.contains("outside routing"), "{detail}");
+        assert!(!r.headers.contains_key("fencing-token"));
+    }
+    assert_eq!(logged.load(Ordering::SeqCst), 1, "logged once per layer");
+    // And the same through `Layer::layer` on the router, the other spelling
+    // (another layer: logged once more).
+    let app = path_param_layer(&store).layer(orders(runs.clone(), Gate::new().0));
+    for _ in 0..2 {
+        call(&app, keyed("/orders/2", "-"))
+            .await
+            .problem(StatusCode::BAD_REQUEST);
+    }
+    assert_eq!(logged.load(Ordering::SeqCst), 2, "logged once per layer");
+    assert_eq!(runs.runs(), 0, "a handler ran outside the lock");
+    assert_eq!(store.held_count(), 0);
+}
+
+#[tokio::test]
+async fn on_the_routes_the_same_layer_serialises_the_handler() {
+    let store = MemoryStore::new();
+    let runs = Runs::default();
+    let (gate, mut gates) = Gate::new();
+    let app = orders(runs.clone(), gate).layer(path_param_layer(&store));
+    let first = {
+        let app = app.clone();
+        tokio::spawn(async move { call(&app, keyed("/orders/1", "-")).await })
+    };
+    let open = gates.started().await;
+    let others: Vec<_> = (0..3)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { call(&app, keyed("/orders/1", "-")).await })
+        })
+        .collect();
+    for task in others {
+        join(task).await.problem(StatusCode::CONFLICT);
+    }
+    open.send(()).unwrap();
+    let first = join(first).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert!(first.headers.contains_key("fencing-token"));
+    assert_eq!(runs.runs(), 1);
+    assert_eq!(runs.most(), 1);
+    // A request that matches no route reaches a `Router::layer` without a
+    // route: refused, not let through.
+    let r = call(&app, keyed("/nope", "-")).await;
+    r.problem(StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn passing_through_outside_routing_is_an_explicit_choice() {
+    let store = MemoryStore::new();
+    let runs = Runs::default();
+    let layer = LockLayer::builder(Locker::new(store.clone()), KeyFrom::path_param("id"))
+        .namespace("orders")
+        .on_missing_key(OnMissingKey::PassThrough)
+        .build()
+        .unwrap();
+    let app = layer.layer(orders(runs.clone(), Gate::new().0));
+    let r = call(&app, keyed("/orders/1", "-")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(
+        !r.headers.contains_key("fencing-token"),
+        "ran unlocked, as asked"
+    );
+    assert_eq!(runs.runs(), 1);
+}
+
+#[tokio::test]
+async fn an_idempotent_layer_without_namespace_outside_routing_refuses() {
+    let store = MemoryStore::new();
+    let runs = Runs::default();
+    let layer = |ns: Option<&str>| {
+        let b = LockLayer::builder(Locker::new(store.clone()), KeyFrom::header(KEY_HEADER))
+            .idempotent(Idempotency::new());
+        match ns {
+            Some(ns) => b.namespace(ns),
+            None => b,
+        }
+        .build()
+        .unwrap()
+    };
+    // Two routes, one idempotency key: with one shared namespace the second
+    // route would get the first route's stored answer.
+    let two_routes = || {
+        let runs = runs.clone();
+        Router::new()
+            .route(
+                "/orders/{id}",
+                post({
+                    let runs = runs.clone();
+                    move || async move {
+                        runs.enter();
+                        runs.leave();
+                        "order"
+                    }
+                }),
+            )
+            .route(
+                "/refunds/{id}",
+                post(move || async move {
+                    runs.enter();
+                    runs.leave();
+                    "refund"
+                }),
+            )
+    };
+    let app = layer(None).layer(two_routes());
+    let r = call(&app, keyed("/orders/1", "k")).await;
+    let p = r.problem(StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(p["detail"].as_str().unwrap().contains("namespace"), "{p}");
+    assert_eq!(runs.runs(), 0);
+
+    // With a namespace it locks and replays (the key is the client's to
+    // scope; the namespace says so on purpose).
+    let app = layer(Some("pay")).layer(two_routes());
+    let r = call(&app, keyed("/orders/1", "k")).await;
+    assert_eq!((r.status, r.text().as_str()), (StatusCode::OK, "order"));
+    let again = call(&app, keyed("/orders/1", "k")).await;
+    assert!(replayed(&again.headers));
+    assert_eq!(runs.runs(), 1);
+
+    // On the routes, each route has its own namespace: no cross-replay.
+    let app = two_routes().layer(layer(None));
+    let order = call(&app, keyed("/orders/1", "k")).await;
+    let refund = call(&app, keyed("/refunds/1", "k")).await;
+    assert_eq!(order.text(), "order");
+    assert_eq!(refund.text(), "refund");
+    assert!(!replayed(&refund.headers));
+}
+
+// ---------------------------------------------------------------------------
+// 5 and 10. Streaming bodies, representation headers, trailers
+// ---------------------------------------------------------------------------
+
+type Chunks = mpsc::UnboundedReceiver<Result<Frame<Bytes>, std::io::Error>>;
+
+/// `POST /s`: answers 200 with the next queued body (each a channel of
+/// frames fed by the test), or with `again` when none is queued; counts its
+/// runs.
+#[derive(Clone, Default)]
+struct Streams {
+    queue: Arc<Mutex<VecDeque<(HeaderMap, Chunks)>>>,
+    runs: Arc<AtomicUsize>,
+}
+
+impl Streams {
+    /// Queues a body for the next run; the test feeds it with the sender.
+    fn next(
+        &self,
+        headers: HeaderMap,
+    ) -> mpsc::UnboundedSender<Result<Frame<Bytes>, std::io::Error>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.queue.lock().unwrap().push_back((headers, rx));
+        tx
+    }
+
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+async fn stream_handler(State(s): State<Streams>) -> Response {
+    s.runs.fetch_add(1, Ordering::SeqCst);
+    let Some((headers, rx)) = s.queue.lock().unwrap().pop_front() else {
+        return Response::new(Body::from("again"));
+    };
+    let frames =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) });
+    let mut res = Response::new(Body::new(StreamBody::new(frames)));
+    *res.headers_mut() = headers;
+    res
+}
+
+fn stream_app<St: LockStore + Clone>(store: &St, ns: &str, idem: Idempotency) -> (Router, Streams) {
+    let streams = Streams::default();
+    let layer = LockLayer::builder(Locker::new(store.clone()), KeyFrom::header(KEY_HEADER))
+        .namespace(ns)
+        .idempotent(idem)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/s", post(stream_handler).route_layer(layer))
+        .with_state(streams.clone());
+    (app, streams)
+}
+
+fn data(b: &'static [u8]) -> Result<Frame<Bytes>, std::io::Error> {
+    Ok(Frame::data(Bytes::from_static(b)))
+}
+
+fn trailers(checksum: &'static str) -> Result<Frame<Bytes>, std::io::Error> {
+    let mut t = HeaderMap::new();
+    t.insert(X_CHECKSUM, HeaderValue::from_static(checksum));
+    Ok(Frame::trailers(t))
+}
+
+macro_rules! on_memory_and_redis {
+    ($($name:ident),* $(,)?) => {
+        mod memory_store {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(&tower_redis_lock::MemoryStore::new()).await;
+                }
+            )*
+        }
+        mod redis_store {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let (store, _server) = super::redis();
+                    super::$name(&store).await;
+                }
+            )*
+        }
+    };
+}
+
+on_memory_and_redis!(
+    an_over_limit_body_that_fails_is_not_stored,
+    an_over_limit_body_is_streamed_under_the_lock,
+    an_over_limit_body_whose_client_left_is_not_stored,
+    replays_keep_content_encoding_and_bytes,
+    trailers_reach_the_client_and_the_replay,
+);
+
+async fn an_over_limit_body_that_fails_is_not_stored<St: LockStore + Clone>(store: &St) {
+    let (app, streams) = stream_app(store, "fail", Idempotency::new().max_stored_body(4));
+    let tx = streams.next(HeaderMap::new());
+    tx.send(data(b"0123456789")).unwrap();
+    tx.send(Err(std::io::Error::other("the disk went away")))
+        .unwrap();
+    drop(tx);
+    let first = read_full(app.clone().oneshot(keyed("/s", "k")).await.unwrap()).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert!(first.failed, "the client sees the body fail: {first:?}");
+    assert_eq!(&first.body[..], b"0123456789");
+
+    let key = LockKey::new("fail", "k").unwrap();
+    assert!(
+        eventually(LIMIT, async || is_free(store, &key).await).await,
+        "the key stayed locked"
+    );
+    assert_eq!(
+        record(store, "fail", "k").await,
+        None,
+        "a failed answer was stored"
+    );
+    // The next delivery runs the handler again.
+    let again = read_full(app.clone().oneshot(keyed("/s", "k")).await.unwrap()).await;
+    assert!(!replayed(&again.headers), "{again:?}");
+    assert_eq!(&again.body[..], b"again");
+    assert_eq!(streams.runs(), 2);
+}
+
+async fn an_over_limit_body_is_streamed_under_the_lock<St: LockStore + Clone>(store: &St) {
+    let (app, streams) = stream_app(store, "big", Idempotency::new().max_stored_body(4));
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    headers.insert(CONTENT_ENCODING, HeaderValue::from_static("identity"));
+    let tx = streams.next(headers);
+    tx.send(data(b"0123456789")).unwrap();
+    let res = app.clone().oneshot(keyed("/s", "k")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut body = res.into_body();
+    let frame = timeout(LIMIT, body.frame())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(frame.into_data().unwrap(), "0123456789");
+
+    // The body is still flowing: the lock is held, no record yet.
+    let dup = read_full(app.clone().oneshot(keyed("/s", "k")).await.unwrap()).await;
+    assert_eq!(dup.status, StatusCode::CONFLICT, "{dup:?}");
+    assert!(!replayed(&dup.headers));
+    assert_eq!(record(store, "big", "k").await, None);
+
+    tx.send(data(b"abc")).unwrap();
+    drop(tx);
+    let rest = timeout(LIMIT, body.collect()).await.unwrap().unwrap();
+    assert_eq!(&rest.to_bytes()[..], b"abc");
+
+    // Once the client has seen the end, the record is there: no waiting.
+    let replay = read_full(app.clone().oneshot(keyed("/s", "k")).await.unwrap()).await;
+    assert!(replayed(&replay.headers), "{replay:?}");
+    assert_eq!(replay.status, StatusCode::OK);
+    assert!(replay.body.is_empty());
+    assert_eq!(replay.headers[CONTENT_TYPE], "text/plain");
+    // No coding of bytes that are not there.
+    assert!(!replay.headers.contains_key(CONTENT_ENCODING), "{replay:?}");
+    let stored = record(store, "big", "k").await.unwrap();
+    assert!(stored.body_omitted);
+    assert_eq!(streams.runs(), 1);
+}
+
+async fn an_over_limit_body_whose_client_left_is_not_stored<St: LockStore + Clone>(store: &St) {
+    let (app, streams) = stream_app(store, "gone", Idempotency::new().max_stored_body(4));
+    let tx = streams.next(HeaderMap::new());
+    tx.send(data(b"0123456789")).unwrap();
+    let res = app.clone().oneshot(keyed("/s", "k")).await.unwrap();
+    let mut body = res.into_body();
+    timeout(LIMIT, body.frame())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    drop(body); // the client went away mid-body
+    let key = LockKey::new("gone", "k").unwrap();
+    assert!(
+        eventually(LIMIT, async || is_free(store, &key).await).await,
+        "the key stayed locked"
+    );
+    assert_eq!(record(store, "gone", "k").await, None);
+    let again = read_full(app.clone().oneshot(keyed("/s", "k")).await.unwrap()).await;
+    assert_eq!(&again.body[..], b"again");
+    assert_eq!(streams.runs(), 2);
+    drop(tx);
+}
+
+async fn replays_keep_content_encoding_and_bytes<St: LockStore + Clone>(store: &St) {
+    // Default settings: no replay_headers given.
+    let (app, streams) = stream_app(store, "gz", Idempotency::new());
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    headers.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    headers.insert(CONTENT_LANGUAGE, HeaderValue::from_static("de"));
+    headers.insert("x-other", HeaderValue::from_static("not kept"));
+    let tx = streams.next(headers);
+    tx.send(data(HELLO_GZ)).unwrap();
+    drop(tx);
+    let first = read_full(app.clone().oneshot(keyed("/s", "k")).await.unwrap()).await;
+    let replay = read_full(app.clone().oneshot(keyed("/s", "k")).await.unwrap()).await;
+    assert!(replayed(&replay.headers), "{replay:?}");
+    assert_eq!(replay.status, first.status);
+    assert_eq!(&first.body[..], HELLO_GZ);
+    assert_eq!(replay.body, first.body, "bytes differ");
+    for name in [CONTENT_TYPE, CONTENT_ENCODING, CONTENT_LANGUAGE] {
+        assert_eq!(
+            replay.headers.get(&name),
+            first.headers.get(&name),
+            "{name} differs: {replay:?}"
+        );
+    }
+    assert!(!replay.headers.contains_key("x-other"));
+    assert_eq!(streams.runs(), 1);
+}
+
+async fn trailers_reach_the_client_and_the_replay<St: LockStore + Clone>(store: &St) {
+    // (key, stored-body limit): the body stored whole, and over the limit.
+    for (key, max) in [("whole", 1024), ("over", 2)] {
+        let (app, streams) = stream_app(store, "tr", Idempotency::new().max_stored_body(max));
+        let tx = streams.next(HeaderMap::new());
+        tx.send(data(b"abc")).unwrap();
+        tx.send(trailers("c-1")).unwrap();
+        drop(tx);
+        let first = read_full(app.clone().oneshot(keyed("/s", key)).await.unwrap()).await;
+        assert_eq!(&first.body[..], b"abc", "{key}");
+        let t = first
+            .trailers
+            .as_ref()
+            .expect("the live answer lost its trailers");
+        assert_eq!(t[X_CHECKSUM], "c-1", "{key}");
+
+        let replay = read_full(app.clone().oneshot(keyed("/s", key)).await.unwrap()).await;
+        assert!(replayed(&replay.headers), "{key}: {replay:?}");
+        let t = replay
+            .trailers
+            .as_ref()
+            .expect("the replay has no trailers");
+        assert_eq!(t[X_CHECKSUM], "c-1", "{key}");
+        let stored = record(store, "tr", key).await.unwrap();
+        assert_eq!(
+            stored.trailers,
+            vec![(X_CHECKSUM, HeaderValue::from_static("c-1"))]
+        );
+        assert_eq!(stored.body_omitted, max < 3, "{key}");
+        assert_eq!(streams.runs(), 1, "{key}");
+    }
+}
+
+/// The format-1 blob of a record (before trailers were stored): magic,
+/// status, flags, time, header count and fields, body.
+fn v1_blob(status: u16, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    let mut b = b"TRL1".to_vec();
+    b.extend_from_slice(&status.to_be_bytes());
+    b.push(0); // no flags: body kept, no fingerprint
+    b.extend_from_slice(&1_700_000_000_000u64.to_be_bytes());
+    b.extend_from_slice(&(headers.len() as u16).to_be_bytes());
+    for (name, value) in headers {
+        b.extend_from_slice(&(name.len() as u16).to_be_bytes());
+        b.extend_from_slice(name.as_bytes());
+        b.extend_from_slice(&(value.len() as u32).to_be_bytes());
+        b.extend_from_slice(value.as_bytes());
+    }
+    b.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    b.extend_from_slice(body);
+    b
+}
+
+#[test]
+fn a_record_of_the_previous_format_decodes_without_trailers() {
+    let blob = v1_blob(201, &[("content-type", "application/json")], b"{\"a\":1}");
+    let r = Record::decode(Bytes::from(blob.clone())).expect("format 1 is still read");
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert_eq!(
+        r.headers,
+        vec![(CONTENT_TYPE, HeaderValue::from_static("application/json"))]
+    );
+    assert_eq!(&r.body[..], b"{\"a\":1}");
+    assert!(r.trailers.is_empty());
+    assert_eq!(r.created_at_ms, 1_700_000_000_000);
+    // Cut anywhere, extended, or of an unknown format: refused, no panic.
+    for n in 0..blob.len() {
+        assert_eq!(Record::decode(Bytes::copy_from_slice(&blob[..n])), None);
+    }
+    let mut longer = blob.clone();
+    longer.push(0);
+    assert_eq!(Record::decode(Bytes::from(longer)), None);
+    let mut future = blob;
+    future[3] = b'9';
+    assert_eq!(Record::decode(Bytes::from(future)), None);
+    // A huge field count with nothing behind it: refused, no allocation.
+    let mut count = b"TRL2".to_vec();
+    count.extend_from_slice(&[0, 200, 0]);
+    count.extend_from_slice(&0u64.to_be_bytes());
+    count.extend_from_slice(&[0xff, 0xff]);
+    assert_eq!(Record::decode(Bytes::from(count)), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_of_the_previous_format_in_redis_replay_or_are_refused_cleanly() {
+    let (store, server) = redis();
+    let (app, streams) = stream_app(&store, "old", Idempotency::new());
+    let client = tower_redis_lock::redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let put = async |conn: &mut tower_redis_lock::redis::aio::MultiplexedConnection,
+                     id: &str,
+                     blob: Vec<u8>| {
+        let key = store.record_key(&LockKey::new("old", id).unwrap());
+        let _: () = tower_redis_lock::redis::cmd("SET")
+            .arg(key)
+            .arg(blob)
+            .arg("PX")
+            .arg(60_000)
+            .query_async(conn)
+            .await
+            .unwrap();
+    };
+    put(
+        &mut conn,
+        "v1",
+        v1_blob(201, &[("content-type", "application/json")], b"{\"a\":1}"),
+    )
+    .await;
+    let replay = read_full(app.clone().oneshot(keyed("/s", "v1")).await.unwrap()).await;
+    assert!(replayed(&replay.headers), "{replay:?}");
+    assert_eq!(replay.status, StatusCode::CREATED);
+    assert_eq!(replay.headers[CONTENT_TYPE], "application/json");
+    assert_eq!(&replay.body[..], b"{\"a\":1}");
+    assert!(replay.trailers.is_none());
+
+    // Unknown or damaged: a clean 500, the handler not run, no replay.
+    let mut unknown = v1_blob(200, &[], b"x");
+    unknown[3] = b'9';
+    put(&mut conn, "v9", unknown).await;
+    let mut cut = v1_blob(200, &[], b"xyz");
+    cut.pop();
+    put(&mut conn, "cut", cut).await;
+    for id in ["v9", "cut"] {
+        let r = call(&app, keyed("/s", id)).await;
+        r.problem(StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    assert_eq!(streams.runs(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// 9. Durations that would overflow on the request path
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn retention_past_the_bound_is_refused_by_the_builder() {
+    let store = MemoryStore::new();
+    let build = |retention: Duration| {
+        LockLayer::builder(Locker::new(store.clone()), KeyFrom::header(KEY_HEADER))
+            .namespace("ret")
+            .idempotent(Idempotency::new().retention(retention))
+            .build()
+    };
+    for bad in [Duration::MAX, MAX_RETENTION + Duration::from_millis(1)] {
+        let err = build(bad).expect_err("an overflowing retention was accepted");
+        assert!(err.to_string().contains("retention"), "{err}");
+    }
+    // The bound itself works on the request path, on memory and on Redis.
+    let layer = build(MAX_RETENTION).unwrap();
+    let app = Router::new().route("/r", post(|| async { "ok" }).route_layer(layer));
+    assert_eq!(call(&app, keyed("/r", "k")).await.status, StatusCode::OK);
+    assert!(replayed(&call(&app, keyed("/r", "k")).await.headers));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_longest_retention_stores_in_redis() {
+    let (store, server) = redis();
+    let layer = LockLayer::builder(Locker::new(store.clone()), KeyFrom::header(KEY_HEADER))
+        .namespace("ret")
+        .idempotent(Idempotency::new().retention(MAX_RETENTION))
+        .build()
+        .unwrap();
+    let app = Router::new().route("/r", post(|| async { "ok" }).route_layer(layer));
+    assert_eq!(call(&app, keyed("/r", "k")).await.status, StatusCode::OK);
+    let key = store.record_key(&LockKey::new("ret", "k").unwrap());
+    let ttl = server.cmd(&["PTTL", &key]).as_int().unwrap();
+    assert!(ttl > 364 * 24 * 3600 * 1000, "record TTL {ttl} ms");
+    assert!(replayed(&call(&app, keyed("/r", "k")).await.headers));
+}
+
+// ---------------------------------------------------------------------------
+// Re-entry: the extra hold is given back on error and on drop
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_reentered_hold_is_given_back_when_the_inner_service_fails() {
+    let store = MemoryStore::new();
+    let layer = || {
+        LockLayer::builder(Locker::new(store.clone()), KeyFrom::header(KEY_HEADER))
+            .namespace("re")
+            .build()
+            .unwrap()
+    };
+    let svc = tower::ServiceBuilder::new()
+        .layer(layer())
+        .layer(layer())
+        .service(tower::service_fn(|_req: Request<Body>| async {
+            Err::<http::Response<Body>, _>(std::io::Error::other("inner failed"))
+        }));
+    let err = svc.clone().oneshot(keyed("/x", "k")).await.unwrap_err();
+    assert_eq!(err.to_string(), "inner failed");
+    let key = LockKey::new("re", "k").unwrap();
+    assert!(eventually(LIMIT, async || !store.is_locked(&key)).await);
+    assert_eq!(store.held_count(), 0);
+}
+
+#[tokio::test]
+async fn a_reentered_hold_is_given_back_when_the_request_is_dropped() {
+    let store = MemoryStore::new();
+    let (gate, mut gates) = Gate::new();
+    let layer = || {
+        LockLayer::builder(Locker::new(store.clone()), KeyFrom::path_param("id"))
+            .namespace("re")
+            .build()
+            .unwrap()
+    };
+    let app = orders(Runs::default(), gate).layer(layer()).layer(layer());
+    let task = {
+        let app = app.clone();
+        tokio::spawn(async move { call(&app, keyed("/orders/1", "-")).await })
+    };
+    let _open = gates.started().await;
+    task.abort(); // the client went away while the handler ran
+    let key = LockKey::new("re", "1").unwrap();
+    assert!(
+        eventually(LIMIT, async || !store.is_locked(&key)).await,
+        "the nested hold kept the lock"
+    );
+}
+
+/// Two layers on one key: an outer one on the router, an inner idempotent
+/// one on the route.
+fn nested_idempotent(store: &MemoryStore, outer_idempotent: bool, runs: Runs) -> Router {
+    let outer = LockLayer::builder(Locker::new(store.clone()), KeyFrom::header(KEY_HEADER))
+        .namespace("pay");
+    let outer = if outer_idempotent {
+        outer.idempotent(Idempotency::new())
+    } else {
+        outer
+    };
+    let inner = LockLayer::builder(Locker::new(store.clone()), KeyFrom::header(KEY_HEADER))
+        .namespace("pay")
+        .idempotent(Idempotency::new())
+        .build()
+        .unwrap();
+    Router::new()
+        .route(
+            "/pay",
+            post(move || async move {
+                runs.enter();
+                runs.leave();
+                "paid"
+            })
+            .route_layer(inner),
+        )
+        .layer(outer.build().unwrap())
+}
+
+#[tokio::test]
+async fn an_idempotent_layer_inside_a_plain_lock_on_the_same_key_refuses() {
+    let store = MemoryStore::new();
+    let runs = Runs::default();
+    let app = nested_idempotent(&store, false, runs.clone());
+    for _ in 0..2 {
+        let r = call(&app, keyed("/pay", "k")).await;
+        let p = r.problem(StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(p["detail"].as_str().unwrap().contains("nested"), "{p}");
+    }
+    assert_eq!(runs.runs(), 0, "the handler ran without idempotency");
+    assert!(eventually(LIMIT, async || store.held_count() == 0).await);
+
+    // Both idempotent: the outer one checks and stores, the inner re-enters.
+    let runs = Runs::default();
+    let app = nested_idempotent(&store, true, runs.clone());
+    let first = call(&app, keyed("/pay", "k2")).await;
+    assert_eq!(
+        (first.status, first.text().as_str()),
+        (StatusCode::OK, "paid")
+    );
+    let again = call(&app, keyed("/pay", "k2")).await;
+    assert!(replayed(&again.headers), "{again:?}");
+    assert_eq!(again.text(), "paid");
+    assert_eq!(runs.runs(), 1);
+}
+
+#[tokio::test]
+async fn a_locker_wait_past_the_bound_is_refused_by_the_layer_builder() {
+    let store = MemoryStore::new();
+    for wait in [Duration::MAX, Duration::from_secs(24 * 3600 + 1)] {
+        // (If the locker builder refuses it already, so much the better.)
+        let Ok(locker) = Locker::builder(store.clone()).wait_timeout(wait).build() else {
+            continue;
+        };
+        let err = LockLayer::builder(locker, KeyFrom::header(KEY_HEADER))
+            .namespace("w")
+            .build()
+            .expect_err("a wait that overflows on the request path was accepted");
+        assert!(err.to_string().contains("wait_timeout"), "{err}");
+    }
+    let locker = Locker::builder(store.clone())
+        .wait_timeout(Duration::from_secs(24 * 3600))
+        .build()
+        .unwrap();
+    let layer = LockLayer::builder(locker, KeyFrom::header(KEY_HEADER))
+        .namespace("w")
+        .build()
+        .unwrap();
+    let app = Router::new().route("/w", post(|| async { "ok" }).route_layer(layer));
+    assert_eq!(call(&app, keyed("/w", "k")).await.status, StatusCode::OK);
+}
+
+// ---------------------------------------------------------------------------
+// Keys: one spelling per id, two ids never one key, no repeated sources
+// ---------------------------------------------------------------------------
+
+/// A plain tower service (every path reaches it) that waits at the gate,
+/// under a layer keyed by `key`.
+fn gated_service(
+    store: &MemoryStore,
+    key: KeyFrom,
+    gate: Gate,
+) -> tower_redis_lock::Lock<Plain, MemoryStore> {
+    let layer = LockLayer::builder(Locker::new(store.clone()), key)
+        .namespace("k")
+        .build()
+        .unwrap();
+    layer.layer(Plain::new(tower::service_fn(move |_req: Request<Body>| {
+        let gate = gate.clone();
+        async move {
+            gate.pass().await;
+            Ok::<_, std::io::Error>(http::Response::new(Body::from("done")))
+        }
+    })))
+}
+
+type Plain = tower::util::BoxCloneSyncService<Request<Body>, http::Response<Body>, std::io::Error>;
+
+/// Sends `a`, holds it in the handler, sends `b`: whether `b` was refused
+/// as a holder of the same key (409) rather than run.
+async fn same_key(store: &MemoryStore, key: KeyFrom, a: Request<Body>, b: Request<Body>) -> bool {
+    let (gate, mut gates) = Gate::new();
+    let svc = gated_service(store, key, gate);
+    let first = {
+        let svc = svc.clone();
+        tokio::spawn(async move { call(&svc, a).await })
+    };
+    let open_first = gates.started().await;
+    let second = {
+        let svc = svc.clone();
+        tokio::spawn(async move { call(&svc, b).await })
+    };
+    // Either the second is refused at once, or it reaches the handler.
+    let shared = tokio::select! {
+        r = second => {
+            r.unwrap().problem(StatusCode::CONFLICT);
+            true
+        }
+        open_second = gates.started() => {
+            open_second.send(()).unwrap();
+            false
+        }
+    };
+    open_first.send(()).unwrap();
+    assert_eq!(join(first).await.status, StatusCode::OK);
+    shared
+}
+
+fn with_header(uri: &str, name: &'static str, values: &[&[u8]]) -> Request<Body> {
+    let mut b = Request::post(uri);
+    for v in values {
+        b = b.header(name, HeaderValue::from_bytes(v).unwrap());
+    }
+    b.body(Body::empty()).unwrap()
+}
+
+#[tokio::test]
+async fn two_ids_never_share_a_key_and_one_id_has_one_key() {
+    let store = MemoryStore::new();
+    let header = || KeyFrom::header(HeaderName::from_static("x-id"));
+    // Bytes that are not UTF-8 are not folded into one replacement char.
+    assert!(
+        !same_key(
+            &store,
+            header(),
+            with_header("/", "x-id", &[b"\xff"]),
+            with_header("/", "x-id", &[b"\xfe"]),
+        )
+        .await,
+        "two header ids shared a key"
+    );
+    assert!(
+        !same_key(
+            &store,
+            KeyFrom::query("id"),
+            Request::post("/?id=%FF").body(Body::empty()).unwrap(),
+            Request::post("/?id=%FE").body(Body::empty()).unwrap(),
+        )
+        .await,
+        "two query ids shared a key"
+    );
+    // Spellings of one path share its key.
+    assert!(
+        same_key(
+            &store,
+            KeyFrom::path(),
+            Request::post("/orders/1").body(Body::empty()).unwrap(),
+            Request::post("//orders/%31").body(Body::empty()).unwrap(),
+        )
+        .await,
+        "two spellings of one path got two keys"
+    );
+    assert_eq!(store.held_count(), 0);
+}
+
+#[tokio::test]
+async fn a_key_source_given_twice_is_refused() {
+    let store = MemoryStore::new();
+    // (No one waits at the gate: a handler that ran would pass at once.)
+    let svc = gated_service(
+        &store,
+        KeyFrom::header(HeaderName::from_static("x-id")),
+        Gate::new().0,
+    );
+    let r = call(&svc, with_header("/", "x-id", &[b"a", b"b"])).await;
+    let p = r.problem(StatusCode::BAD_REQUEST);
+    assert!(
+        p["detail"].as_str().unwrap().contains("more than once"),
+        "{p}"
+    );
+    let svc = gated_service(&store, KeyFrom::query("id"), Gate::new().0);
+    for uri in ["/?id=a&id=b", "/?id=a&x=1&id=a"] {
+        let r = call(&svc, Request::post(uri).body(Body::empty()).unwrap()).await;
+        r.problem(StatusCode::BAD_REQUEST);
+    }
+    assert_eq!(store.held_count(), 0);
+}
+
+#[tokio::test]
+async fn json_numbers_that_lose_digits_are_not_keys() {
+    let store = MemoryStore::new();
+    let layer = LockLayer::builder(Locker::new(store.clone()), KeyFrom::json_pointer("/id"))
+        .namespace("j")
+        .build()
+        .unwrap();
+    let runs = Runs::default();
+    let app = Router::new().route(
+        "/j",
+        post({
+            let runs = runs.clone();
+            move || async move {
+                runs.enter();
+                runs.leave();
+                "ok"
+            }
+        })
+        .route_layer(layer),
+    );
+    let post_json = |json: &'static str| Request::post("/j").body(Body::from(json)).unwrap();
+    // Both of these become the same f64: one key for two ids, refused.
+    for json in [
+        r#"{"id":12345678901234567890123}"#,
+        r#"{"id":12345678901234567890124}"#,
+        r#"{"id":1.5}"#,
+    ] {
+        let r = call(&app, post_json(json)).await;
+        let p = r.problem(StatusCode::BAD_REQUEST);
+        assert!(p["detail"].as_str().unwrap().contains("integer"), "{p}");
+    }
+    assert_eq!(runs.runs(), 0);
+    for json in [
+        r#"{"id":18446744073709551615}"#,
+        r#"{"id":-7}"#,
+        r#"{"id":"x"}"#,
+    ] {
+        assert_eq!(
+            call(&app, post_json(json)).await.status,
+            StatusCode::OK,
+            "{json}"
+        );
+    }
+}
