@@ -216,8 +216,13 @@ impl<S: LockStore> DynStore for S {
 ///   `is_held()` turns false and every [`lost()`](LockGuard::lost) future
 ///   resolves;
 /// * [`release`](LockGuard::release) gives the lock back and says whether we
-///   still owned it; dropping the last clone releases in a spawned task and
-///   never blocks. Renewal stops before the release is sent.
+///   still owned it; dropping the last clone releases in a task spawned on
+///   the current runtime (or, outside any, on the one that granted the
+///   lock) and never blocks. Renewal stops before the release is sent.
+/// * cancellation-safe: a `release` or `finish` future dropped at any point
+///   completes in the background, and a release that fails (a brief
+///   outage) is retried there until the store answers or the lease is over;
+///   this process's waiters for the key are woken once it lands.
 ///
 /// ```
 /// use tower_redis_lock::{LockKey, Locker, MemoryStore};
@@ -485,6 +490,11 @@ impl LockGuard {
     ///
     /// This ends the lock for every hold: other holds of a
     /// [re-entered](LockGuard::reenter) lock see `is_held() == false`.
+    ///
+    /// If nothing was stored (an error, or the lock was no longer ours), the
+    /// lock is released as by [`release`](LockGuard::release), retried in
+    /// the background on failure. Dropping the future before it is done
+    /// finishes (then, if needed, releases) in the background.
     pub async fn finish(self, record: &Record, retention: Duration) -> Result<bool, Error> {
         let s = &self.shared;
         if s.end_hold().is_none() || !s.stop_renewal() {
@@ -550,6 +560,13 @@ impl LockGuard {
     /// Other clones of this guard see `is_held() == false` afterwards. When
     /// other holds remain, nothing is sent and the answer is whether the
     /// lock is still held for them.
+    ///
+    /// An `Err` (the store did not answer) does not leave the lock to its
+    /// lease: the release keeps being retried in the background, with
+    /// backoff, until the store answers (released, or no longer ours) or the
+    /// lock would have expired by itself. Dropping the future before the
+    /// answer likewise lets the release finish in the background; either
+    /// way this process's waiters for the key are woken when it lands.
     pub async fn release(self) -> Result<bool, Error> {
         let s = &self.shared;
         match s.end_hold() {

@@ -249,8 +249,16 @@ impl<S: LockStore> Locker<S> {
     /// notification, or after a jittered poll bounded by the holder's
     /// remaining lease (which covers expiry, which nobody announces).
     ///
+    /// Every step after the first try — waiting for this process's earlier
+    /// waiters, subscribing, each further try — ends at the deadline
+    /// (`wait` after the call), whatever the store's command timeout: a wait
+    /// answers [`Error::WaitTimeout`] on time even when the store stops
+    /// answering. `Duration::MAX` waits for ever.
+    ///
     /// Dropping the future at any point is safe: an attempt whose answer was
-    /// not received is released in the background (owner-checked).
+    /// not received (dropped, or cut at the deadline) is released in the
+    /// background (owner-checked, retried while the store fails, for up to a
+    /// lease).
     ///
     /// Re-entry: when the calling task already holds `key` through this
     /// locker's store or a clone of it (inside [`LockGuard::scope`]; the
