@@ -786,7 +786,7 @@ async fn end_lock(
 /// `give_up` passes. The answer (whether we still owned it), or `None` if it
 /// never came. With `pause_first`, waits one backoff step before the first
 /// try (a try just failed).
-pub(crate) async fn release_retrying(
+async fn release_retrying(
     store: &dyn DynStore,
     key: &LockKey,
     owner: &OwnerToken,

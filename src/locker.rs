@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::ConfigError;
-use crate::guard::{DynStore, Lease, LockGuard, far_add, release_retrying, spawn_detached};
+use crate::guard::{DynStore, Lease, LockGuard, far_add, spawn_detached};
 use crate::store::{AcquireOutcome, LockStore, ReleaseWatch};
 use crate::watchdog::{self, Cmd};
 use crate::{Error, LockKey, OwnerToken, Record};
@@ -257,8 +257,7 @@ impl<S: LockStore> Locker<S> {
     ///
     /// Dropping the future at any point is safe: an attempt whose answer was
     /// not received (dropped, or cut at the deadline) is released in the
-    /// background (owner-checked, retried while the store fails, for up to a
-    /// lease).
+    /// background (owner-checked, on the current runtime).
     ///
     /// Re-entry: when the calling task already holds `key` through this
     /// locker's store or a clone of it (inside [`LockGuard::scope`]; the
@@ -749,10 +748,12 @@ impl<S: LockStore> Drop for PendingAttempt<'_, S> {
             let (key, owner, lease) = (key.clone(), owner.clone(), self.lease);
             let store: Arc<dyn DynStore> = store.clone();
             spawn_detached(Some(self.runtime), async move {
-                // A grant made now would expire a lease from now: retry a
-                // failing release (a brief outage) until then.
+                // One try, bounded by a lease (after which a grant made now
+                // has expired anyway). Not retried: failed acquires are not
+                // bounded by the locks held, and retrying each of them
+                // through an outage would pile up work for the recovery.
                 let give_up = far_add(Instant::now(), lease);
-                let _ = release_retrying(&*store, &key, &owner, give_up, false).await;
+                let _ = tokio::time::timeout_at(give_up, store.release_dyn(&key, &owner)).await;
             });
         }
     }

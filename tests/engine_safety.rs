@@ -43,6 +43,8 @@ struct Gated {
     fail_releases: Arc<AtomicU32>,
     fail_finishes: Arc<AtomicU32>,
     hang_acquires: Arc<AtomicBool>,
+    /// Grant, then never answer (the answer is lost on the way).
+    hang_after_grant: Arc<AtomicBool>,
     releases: Arc<AtomicU32>,
 }
 
@@ -55,6 +57,7 @@ impl Gated {
             fail_releases: Arc::default(),
             fail_finishes: Arc::default(),
             hang_acquires: Arc::default(),
+            hang_after_grant: Arc::default(),
             releases: Arc::default(),
         }
     }
@@ -97,7 +100,11 @@ impl LockStore for Gated {
         if self.hang_acquires.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
-        self.inner.acquire(key, owner, lease).await
+        let outcome = self.inner.acquire(key, owner, lease).await;
+        if self.hang_after_grant.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        outcome
     }
 
     async fn extend(
@@ -378,6 +385,35 @@ async fn a_release_that_fails_during_a_brief_freeze_is_retried_until_it_lands() 
     );
 }
 
+#[tokio::test]
+async fn a_release_that_fails_while_redis_is_down_is_retried_after_it_is_back() {
+    // Persistent, so the restarted server still has the locks.
+    let mut server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let locker = redis_locker(&server, Duration::from_secs(30), Duration::ZERO);
+    let (k1, k2, k3) = (key("down-release"), key("down-finish"), key("down-drop"));
+    let g1 = locker.acquire(&k1).await.unwrap();
+    let g2 = locker.acquire(&k2).await.unwrap();
+    let g3 = locker.acquire(&k3).await.unwrap();
+    server.stop();
+    // Nothing reaches Redis: each call fails at once.
+    assert!(g1.release().await.is_err());
+    assert!(
+        g2.finish(&record(), Duration::from_secs(600))
+            .await
+            .is_err()
+    );
+    drop(g3);
+    // The outage lasts a while: the background releases fail meanwhile.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.restart();
+    assert_eq!(lock_keys(&server).len(), 3, "the restart lost the locks");
+    assert!(
+        eventually(WELL_BEFORE_LEASE, async || lock_keys(&server).is_empty()).await,
+        "locks left for the rest of their 30 s lease: {:?}",
+        lock_keys(&server)
+    );
+}
+
 // ---- 6: a locker outlives the runtime it was first used on -----------------
 
 fn runtime(paused: bool) -> tokio::runtime::Runtime {
@@ -451,6 +487,35 @@ fn a_locker_outlives_its_first_runtime_on_redis() {
     });
 }
 
+#[test]
+fn an_acquire_dropped_outside_any_runtime_is_released_on_its_own_runtime() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = Gated::new();
+    let locker = gated_locker(&store);
+    let k = key("attempt-outside");
+    store.hang_after_grant.store(true, Ordering::SeqCst);
+    let mut acquire = Box::pin(locker.acquire(&k));
+    // Polled in the runtime: granted, the answer never arrives.
+    rt.block_on(std::future::poll_fn(|cx| {
+        assert!(acquire.as_mut().poll(cx).is_pending());
+        std::task::Poll::Ready(())
+    }));
+    assert!(store.inner.is_locked(&k));
+    // Dropped on a thread with no runtime (a future dropped by a shutting
+    // down executor, a non-Tokio caller).
+    drop(acquire);
+    rt.block_on(async {
+        assert!(
+            eventually(WELL_BEFORE_LEASE, async || !store.inner.is_locked(&k)).await,
+            "the granted attempt was left to its 30 s lease"
+        );
+    });
+}
+
 // ---- 11: a wait ends at its deadline whatever the store does ---------------
 
 #[tokio::test(start_paused = true)]
@@ -505,7 +570,19 @@ async fn a_wait_on_a_frozen_redis_ends_at_its_deadline_not_the_command_timeout()
         let (l, k) = (locker.clone(), k.clone());
         tokio::spawn(async move { l.acquire(&k).await })
     };
-    assert!(eventually(Duration::from_secs(2), async || locker.has_waiters(&k)).await);
+    // Once it is subscribed, its next step is a try at the store.
+    let channel = locker.store().release_channel(&k);
+    assert!(
+        eventually(Duration::from_secs(2), async || locker.has_waiters(&k)
+            && server
+                .cmd(&["PUBSUB", "NUMSUB", &channel])
+                .as_array()
+                .unwrap()[1]
+                .as_int()
+                .unwrap()
+                > 0)
+        .await
+    );
     server.freeze();
     // Hang guard: far above the 500 ms wait, far below the 10 s command
     // timeout that the old code waited out.
