@@ -400,8 +400,10 @@ impl<S: LockStore> Locker<S> {
                 None => o.poll,
             };
             // Jitter in [cap/2, cap] so waiters do not poll in lockstep.
-            let nap = cap / 2 + cap.mul_f64(fastrand::f64() / 2.0);
-            let wake = (now + nap).min(deadline);
+            // (Saturating: a poll interval of `Duration::MAX` means "only
+            // on notifications and at the deadline".)
+            let nap = (cap / 2).saturating_add((cap / 2).mul_f64(fastrand::f64()));
+            let wake = far_add(now, nap).min(deadline);
             let store_release = async {
                 match watch.as_mut() {
                     Some(w) => w.released().await,

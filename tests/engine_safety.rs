@@ -45,6 +45,9 @@ struct Gated {
     hang_acquires: Arc<AtomicBool>,
     /// Grant, then never answer (the answer is lost on the way).
     hang_after_grant: Arc<AtomicBool>,
+    /// Answer "held" without the holder's remaining lease (as a store that
+    /// cannot tell).
+    no_remaining: Arc<AtomicBool>,
     releases: Arc<AtomicU32>,
 }
 
@@ -58,6 +61,7 @@ impl Gated {
             fail_finishes: Arc::default(),
             hang_acquires: Arc::default(),
             hang_after_grant: Arc::default(),
+            no_remaining: Arc::default(),
             releases: Arc::default(),
         }
     }
@@ -104,7 +108,12 @@ impl LockStore for Gated {
         if self.hang_after_grant.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
-        outcome
+        match outcome {
+            Ok(AcquireOutcome::Held { .. }) if self.no_remaining.load(Ordering::SeqCst) => {
+                Ok(AcquireOutcome::Held { remaining: None })
+            }
+            other => other,
+        }
     }
 
     async fn extend(
@@ -650,6 +659,25 @@ async fn a_max_hold_of_duration_max_is_no_cap_and_no_panic() {
     assert!(g.is_held());
     g.extend().await.unwrap();
     assert!(g.release().await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_poll_interval_of_duration_max_waits_without_panicking() {
+    let store = Gated::new();
+    store.no_remaining.store(true, Ordering::SeqCst);
+    let k = key("poll-max");
+    let _held = gated_locker(&store).acquire(&k).await.unwrap();
+    let start = Instant::now();
+    let err = Locker::builder(store.clone())
+        .wait_timeout(Duration::from_secs(5))
+        .poll_interval(Duration::MAX)
+        .build()
+        .unwrap()
+        .acquire(&k)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::WaitTimeout { .. }), "{err:?}");
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
 }
 
 // ---- 13: nothing per key stays behind after a burst ------------------------
