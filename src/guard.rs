@@ -88,7 +88,7 @@ impl Lease {
             lease,
             drift,
             acquired_at: attempt_start,
-            hold_deadline: max_hold.map(|h| attempt_start + h),
+            hold_deadline: max_hold.map(|h| far_add(attempt_start, h)),
             valid_until_ns: AtomicU64::new(0),
             status: AtomicU8::new(HELD),
             lost: CancellationToken::new(),
@@ -216,8 +216,13 @@ impl<S: LockStore> DynStore for S {
 ///   `is_held()` turns false and every [`lost()`](LockGuard::lost) future
 ///   resolves;
 /// * [`release`](LockGuard::release) gives the lock back and says whether we
-///   still owned it; dropping the last clone releases in a spawned task and
-///   never blocks. Renewal stops before the release is sent.
+///   still owned it; dropping the last clone releases in a task spawned on
+///   the current runtime (or, outside any, on the one that granted the
+///   lock) and never blocks. Renewal stops before the release is sent.
+/// * cancellation-safe: a `release` or `finish` future dropped at any point
+///   completes in the background, and a release that fails (a brief
+///   outage) is retried there until the store answers or the lease is over;
+///   this process's waiters for the key are woken once it lands.
 ///
 /// ```
 /// use tower_redis_lock::{LockKey, Locker, MemoryStore};
@@ -251,7 +256,9 @@ struct Shared {
     lease: Arc<Lease>,
     store: Arc<dyn DynStore>,
     watchdog: mpsc::UnboundedSender<Cmd>,
-    runtime: tokio::runtime::Handle,
+    /// The runtime the lock was granted on: where background releases go
+    /// when the guard is dropped outside any runtime.
+    runtime: Option<tokio::runtime::Handle>,
     /// This process's waiters, woken right after a release.
     local: Queues,
     /// Whether this hold has been given back (release, finish or drop).
@@ -263,7 +270,7 @@ impl LockGuard {
         lease: Arc<Lease>,
         store: Arc<dyn DynStore>,
         watchdog: mpsc::UnboundedSender<Cmd>,
-        runtime: tokio::runtime::Handle,
+        runtime: Option<tokio::runtime::Handle>,
         local: Queues,
     ) -> Self {
         LockGuard {
@@ -483,15 +490,30 @@ impl LockGuard {
     ///
     /// This ends the lock for every hold: other holds of a
     /// [re-entered](LockGuard::reenter) lock see `is_held() == false`.
+    ///
+    /// If nothing was stored (an error, or the lock was no longer ours), the
+    /// lock is released as by [`release`](LockGuard::release), retried in
+    /// the background on failure. Dropping the future before it is done
+    /// finishes (then, if needed, releases) in the background.
     pub async fn finish(self, record: &Record, retention: Duration) -> Result<bool, Error> {
         let s = &self.shared;
         if s.end_hold().is_none() || !s.stop_renewal() {
             return Ok(false);
         }
         let l = &s.lease;
+        let encoded = record.encode();
+        // Dropped before the answer: the same step finishes in the
+        // background (then releases if nothing was stored).
+        let mut pending = PendingEnd::arm(
+            s,
+            EndOp::Finish {
+                record: encoded.clone(),
+                retention,
+            },
+        );
         let res = s
             .store
-            .finish_dyn(&l.key, &l.owner, record.encode(), retention)
+            .finish_dyn(&l.key, &l.owner, encoded, retention)
             .await;
         match &res {
             Ok(stored) => tracing::debug!(
@@ -505,11 +527,22 @@ impl LockGuard {
                 tracing::warn!(key = %l.key, error = %e, "storing the completed record failed")
             }
         }
-        if !matches!(res, Ok(true)) {
-            // Not stored: make sure the lock does not linger either.
-            let _ = s.store.release_dyn(&l.key, &l.owner).await;
+        if matches!(res, Ok(true)) {
+            pending.disarm();
+            s.local.wake(&l.key);
+            return res;
         }
-        s.local.wake(&l.key);
+        // Not stored: make sure the lock does not linger either.
+        pending.op = Some(EndOp::Release);
+        let released = s.store.release_dyn(&l.key, &l.owner).await;
+        trace_release(l, &released);
+        if released.is_ok() {
+            pending.disarm();
+            s.local.wake(&l.key);
+        } else {
+            // A brief outage: keep trying in the background.
+            pending.retry_later();
+        }
         res
     }
 
@@ -527,6 +560,13 @@ impl LockGuard {
     /// Other clones of this guard see `is_held() == false` afterwards. When
     /// other holds remain, nothing is sent and the answer is whether the
     /// lock is still held for them.
+    ///
+    /// An `Err` (the store did not answer) does not leave the lock to its
+    /// lease: the release keeps being retried in the background, with
+    /// backoff, until the store answers (released, or no longer ours) or the
+    /// lock would have expired by itself. Dropping the future before the
+    /// answer likewise lets the release finish in the background; either
+    /// way this process's waiters for the key are woken when it lands.
     pub async fn release(self) -> Result<bool, Error> {
         let s = &self.shared;
         match s.end_hold() {
@@ -538,9 +578,18 @@ impl LockGuard {
             return Ok(false);
         }
         let l = &s.lease;
+        // Dropped before the answer: the release goes on in the background.
+        let mut pending = PendingEnd::arm(s, EndOp::Release);
         let res = s.store.release_dyn(&l.key, &l.owner).await;
         trace_release(l, &res);
-        s.local.wake(&l.key);
+        if res.is_ok() {
+            pending.disarm();
+            s.local.wake(&l.key);
+        } else {
+            // The error goes to the caller; the release is retried in the
+            // background until the store answers or the lease is over.
+            pending.retry_later();
+        }
         res
     }
 }
@@ -580,29 +629,198 @@ fn trace_release(l: &Lease, res: &Result<bool, Error>) {
             key = %l.key,
             fencing_token = l.token.get(),
             error = %e,
-            "lock release failed; the lease will expire on its own"
+            "lock release failed; retrying in the background"
         ),
     }
 }
 
 impl Shared {
     /// Gives this hold back; if it was the last, stops renewal and releases
-    /// in a task of the runtime that granted the lock; never blocks. If that runtime is gone, the lease expires on its
-    /// own.
+    /// in a spawned task (retried on errors, see [`end_lock`]); never
+    /// blocks.
     fn release_in_background(&self) {
         if self.end_hold() != Some(true) || !self.stop_renewal() {
             return;
         }
-        let lease = self.lease.clone();
-        let store = self.store.clone();
-        let local = self.local.clone();
-        // (`spawn` on a handle whose runtime has shut down drops the future.)
-        drop(self.runtime.spawn(async move {
-            let res = store.release_dyn(&lease.key, &lease.owner).await;
-            trace_release(&lease, &res);
-            local.wake(&lease.key);
-        }));
+        self.spawn_end(EndOp::Release, false);
     }
+
+    /// Ends the lock in a task of the caller's runtime, or of the runtime
+    /// that granted it when there is no current runtime (and it is still
+    /// running). With neither, the lease expires on its own.
+    fn spawn_end(&self, op: EndOp, pause_first: bool) {
+        let job = end_lock(
+            self.lease.clone(),
+            self.store.clone(),
+            self.local.clone(),
+            op,
+            pause_first,
+        );
+        if !spawn_detached(self.runtime.as_ref(), job) {
+            tracing::warn!(
+                key = %self.lease.key,
+                fencing_token = self.lease.token.get(),
+                "no runtime left to release the lock on; the lease will expire on its own"
+            );
+        }
+    }
+}
+
+/// Spawns `fut` on the current runtime, else on `fallback`. Returns false
+/// if there was neither.
+pub(crate) fn spawn_detached<F>(fallback: Option<&tokio::runtime::Handle>, fut: F) -> bool
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        drop(rt.spawn(fut));
+        return true;
+    }
+    match fallback {
+        // (A runtime that has shut down drops the task unrun.)
+        Some(rt) => {
+            drop(rt.spawn(fut));
+            true
+        }
+        None => false,
+    }
+}
+
+/// How a lock is ended.
+enum EndOp {
+    /// Compare-and-delete.
+    Release,
+    /// Store a completed record and release, in one step; release alone if
+    /// that did not store it.
+    Finish { record: Bytes, retention: Duration },
+}
+
+/// A release or finish whose answer has not arrived. If its future is
+/// dropped (timeout layer, client gone), the same operation goes on in the
+/// background; on a store error it is retried there. Costs nothing (no
+/// spawn) when the answer arrives.
+struct PendingEnd<'a> {
+    shared: &'a Shared,
+    op: Option<EndOp>,
+    pause_first: bool,
+}
+
+impl<'a> PendingEnd<'a> {
+    fn arm(shared: &'a Shared, op: EndOp) -> Self {
+        PendingEnd {
+            shared,
+            op: Some(op),
+            pause_first: false,
+        }
+    }
+
+    /// The store answered: nothing left to do.
+    fn disarm(&mut self) {
+        self.op = None;
+    }
+
+    /// The store failed just now: retry in the background after a pause.
+    fn retry_later(mut self) {
+        self.pause_first = true;
+    }
+}
+
+impl Drop for PendingEnd<'_> {
+    fn drop(&mut self) {
+        if let Some(op) = self.op.take() {
+            self.shared.spawn_end(op, self.pause_first);
+        }
+    }
+}
+
+/// First pause between two tries of a failed release; doubles up to
+/// [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+/// Longest pause between two tries of a failed release.
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// Ends a lock whose hold is over: runs `op`, then (unless that stored the
+/// record) releases with [`release_retrying`] until the lock would have
+/// expired by itself (a full lease past its last validity deadline, which
+/// also covers a renewal still in flight). Then wakes this process's
+/// waiters.
+async fn end_lock(
+    lease: Arc<Lease>,
+    store: Arc<dyn DynStore>,
+    local: Queues,
+    op: EndOp,
+    pause_first: bool,
+) {
+    let l = &*lease;
+    let give_up = far_add(l.valid_until(), l.lease);
+    let mut pause_first = pause_first;
+    if let EndOp::Finish { record, retention } = op {
+        let finish = store.finish_dyn(&l.key, &l.owner, record, retention);
+        match tokio::time::timeout_at(give_up, finish).await {
+            Ok(Ok(true)) => {
+                tracing::debug!(key = %l.key, "lock finished in the background");
+                local.wake(&l.key);
+                return;
+            }
+            Ok(Ok(false)) | Err(_) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(key = %l.key, error = %e, "storing the completed record failed")
+            }
+        }
+        pause_first = false;
+    }
+    let res = release_retrying(&*store, &l.key, &l.owner, give_up, pause_first).await;
+    match res {
+        Some(owned) => trace_release(l, &Ok(owned)),
+        None => tracing::warn!(
+            key = %l.key,
+            fencing_token = l.token.get(),
+            "lock release kept failing; the lease will expire on its own"
+        ),
+    }
+    local.wake(&l.key);
+}
+
+/// Releases `key` (owner-checked), retrying failures with jittered
+/// exponential backoff (50 ms doubling to 1 s) until the store answers or
+/// `give_up` passes. The answer (whether we still owned it), or `None` if it
+/// never came. With `pause_first`, waits one backoff step before the first
+/// try (a try just failed).
+async fn release_retrying(
+    store: &dyn DynStore,
+    key: &LockKey,
+    owner: &OwnerToken,
+    give_up: Instant,
+    pause_first: bool,
+) -> Option<bool> {
+    let mut pause = RETRY_FIRST;
+    let mut first = !pause_first;
+    loop {
+        if !first {
+            // Jitter in [pause/2, pause].
+            let nap = pause / 2 + pause.mul_f64(fastrand::f64() / 2.0);
+            if Instant::now() + nap >= give_up {
+                return None;
+            }
+            tokio::time::sleep(nap).await;
+            pause = (pause * 2).min(RETRY_MAX);
+        }
+        first = false;
+        match tokio::time::timeout_at(give_up, store.release_dyn(key, owner)).await {
+            Ok(Ok(owned)) => return Some(owned),
+            Ok(Err(e)) => tracing::debug!(key = %key, error = %e, "lock release failed; retrying"),
+            Err(_) => return None,
+        }
+    }
+}
+
+/// `at + d`, saturating at a far-future instant instead of panicking.
+pub(crate) fn far_add(at: Instant, d: Duration) -> Instant {
+    // About 30 years: far enough to mean "never", small enough to add.
+    const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
+    at.checked_add(d.min(FAR))
+        .or_else(|| at.checked_add(Duration::from_secs(86_400)))
+        .unwrap_or(at)
 }
 
 impl Drop for Shared {

@@ -2,14 +2,14 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::ConfigError;
-use crate::guard::{DynStore, Lease, LockGuard};
+use crate::guard::{DynStore, Lease, LockGuard, far_add, spawn_detached};
 use crate::store::{AcquireOutcome, LockStore, ReleaseWatch};
 use crate::watchdog::{self, Cmd};
 use crate::{Error, LockKey, OwnerToken, Record};
@@ -36,8 +36,9 @@ pub const DEFAULT_RENEW_BATCH: usize = 512;
 /// Takes locks from a [`LockStore`] and keeps them alive.
 ///
 /// A `Locker` is cheap to clone; clones share one watchdog task (spawned on
-/// first use) that renews every lease they hold, every lease/3, in pipelined
-/// batches.
+/// first use, on the caller's runtime, and spawned again on the caller's
+/// runtime if the one it ran on has shut down) that renews every lease they
+/// hold, every lease/3, in pipelined batches.
 ///
 /// ```
 /// use std::time::Duration;
@@ -72,7 +73,9 @@ impl<S> Clone for Locker<S> {
 struct Inner<S> {
     store: Arc<S>,
     opts: Options,
-    watchdog: OnceLock<(mpsc::UnboundedSender<Cmd>, tokio::runtime::Handle)>,
+    /// The renewal task's inbox; replaced when that task is gone (its
+    /// runtime shut down).
+    watchdog: RwLock<Option<mpsc::UnboundedSender<Cmd>>>,
     next_id: AtomicU64,
     renewing: Arc<AtomicUsize>,
     queues: Queues,
@@ -167,7 +170,7 @@ impl<S: LockStore> LockerBuilder<S> {
             inner: Arc::new(Inner {
                 store: Arc::new(self.store),
                 opts: self.opts,
-                watchdog: OnceLock::new(),
+                watchdog: RwLock::new(None),
                 next_id: AtomicU64::new(0),
                 renewing: Arc::default(),
                 queues: Queues::default(),
@@ -189,7 +192,7 @@ impl<S: LockStore> Locker<S> {
             inner: Arc::new(Inner {
                 store: Arc::new(store),
                 opts: default_options(),
-                watchdog: OnceLock::new(),
+                watchdog: RwLock::new(None),
                 next_id: AtomicU64::new(0),
                 renewing: Arc::default(),
                 queues: Queues::default(),
@@ -246,8 +249,15 @@ impl<S: LockStore> Locker<S> {
     /// notification, or after a jittered poll bounded by the holder's
     /// remaining lease (which covers expiry, which nobody announces).
     ///
+    /// Every step after the first try — waiting for this process's earlier
+    /// waiters, subscribing, each further try — ends at the deadline
+    /// (`wait` after the call), whatever the store's command timeout: a wait
+    /// answers [`Error::WaitTimeout`] on time even when the store stops
+    /// answering. `Duration::MAX` waits for ever.
+    ///
     /// Dropping the future at any point is safe: an attempt whose answer was
-    /// not received is released in the background (owner-checked).
+    /// not received (dropped, or cut at the deadline) is released in the
+    /// background (owner-checked, on the current runtime).
     ///
     /// Re-entry: when the calling task already holds `key` through this
     /// locker's store or a clone of it (inside [`LockGuard::scope`]; the
@@ -292,7 +302,8 @@ impl<S: LockStore> Locker<S> {
         let o = &self.inner.opts;
         let owner = OwnerToken::generate();
         let start = Instant::now();
-        let deadline = start + wait;
+        // (A wait of `Duration::MAX` means "for ever", not an overflow.)
+        let deadline = far_add(start, wait);
         let mut attempts = 0u32;
         let mut remaining = None;
 
@@ -324,9 +335,15 @@ impl<S: LockStore> Locker<S> {
         // Having just tried, go straight to subscribing (and trying again).
         let mut skip_try = !queue_first && !subscribed;
         loop {
+            // Every step from here on ends at the deadline, whatever the
+            // store's command timeout: an attempt cut short is released in
+            // the background (see `PendingAttempt`).
             if std::mem::take(&mut skip_try) {
                 subscribed = true;
-                watch = Some(self.subscribe(key).await);
+                match tokio::time::timeout_at(deadline, self.subscribe(key)).await {
+                    Ok(w) => watch = Some(w),
+                    Err(_) => return Err(self.contended(key, wait, start, attempts, remaining)),
+                }
             }
             // Held by a task of ours: its release will wake us locally, so
             // there is nothing to ask the store yet.
@@ -334,7 +351,14 @@ impl<S: LockStore> Locker<S> {
                 Some(valid_for) => Ok(Step::Held(Some(valid_for))),
                 None => {
                     attempts += 1;
-                    self.attempt(key, &owner, replay, start, attempts).await
+                    let attempt = self.attempt(key, &owner, replay, start, attempts);
+                    match tokio::time::timeout_at(deadline, attempt).await {
+                        Ok(step) => step,
+                        Err(_) => {
+                            queue.put_watch(watch);
+                            return Err(self.contended(key, wait, start, attempts, remaining));
+                        }
+                    }
                 }
             };
             let step = match step {
@@ -365,7 +389,10 @@ impl<S: LockStore> Locker<S> {
             if !subscribed {
                 // Subscribe, then try again at once before waiting.
                 subscribed = true;
-                watch = Some(self.subscribe(key).await);
+                match tokio::time::timeout_at(deadline, self.subscribe(key)).await {
+                    Ok(w) => watch = Some(w),
+                    Err(_) => return Err(self.contended(key, wait, start, attempts, remaining)),
+                }
                 continue;
             }
             let cap = match remaining {
@@ -373,8 +400,10 @@ impl<S: LockStore> Locker<S> {
                 None => o.poll,
             };
             // Jitter in [cap/2, cap] so waiters do not poll in lockstep.
-            let nap = cap / 2 + cap.mul_f64(fastrand::f64() / 2.0);
-            let wake = (now + nap).min(deadline);
+            // (Saturating: a poll interval of `Duration::MAX` means "only
+            // on notifications and at the deadline".)
+            let nap = (cap / 2).saturating_add((cap / 2).mul_f64(fastrand::f64()));
+            let wake = far_add(now, nap).min(deadline);
             let store_release = async {
                 match watch.as_mut() {
                     Some(w) => w.released().await,
@@ -412,8 +441,17 @@ impl<S: LockStore> Locker<S> {
     ) -> Result<Step, Error> {
         let o = &self.inner.opts;
         let store = &self.inner.store;
+        // Where this lock's renewals and background releases run: the
+        // caller's runtime (found before anything is granted).
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::Config(ConfigError::new(
+                "runtime",
+                "locks must be taken inside a Tokio runtime",
+            ))
+        })?;
+        let watchdog = self.watchdog(&runtime);
         let attempt_start = Instant::now();
-        let pending = PendingAttempt::new(store, key, owner);
+        let pending = PendingAttempt::new(store, key, owner, o.lease, &runtime);
         // On an error (timeout, connection lost) the grant may still have
         // happened: `pending` releases it in the background.
         let outcome = if replay {
@@ -424,7 +462,6 @@ impl<S: LockStore> Locker<S> {
         pending.disarm();
         match outcome {
             AcquireOutcome::Granted(token) => {
-                let (watchdog, runtime) = self.watchdog();
                 let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
                 let lease = Arc::new(Lease::new(
                     id,
@@ -436,7 +473,15 @@ impl<S: LockStore> Locker<S> {
                     attempt_start,
                     o.max_hold,
                 ));
-                let _ = watchdog.send(Cmd::Add(lease.clone()));
+                let watchdog = match watchdog.send(Cmd::Add(lease.clone())) {
+                    Ok(()) => watchdog,
+                    Err(mpsc::error::SendError(cmd)) => {
+                        // Its runtime shut down meanwhile: start another.
+                        let fresh = self.watchdog(&runtime);
+                        let _ = fresh.send(cmd);
+                        fresh
+                    }
+                };
                 tracing::debug!(
                     key = %key,
                     fencing_token = token.get(),
@@ -449,8 +494,8 @@ impl<S: LockStore> Locker<S> {
                 Ok(Step::Done(Acquired::Locked(LockGuard::new(
                     lease,
                     dyn_store,
-                    watchdog.clone(),
-                    runtime.clone(),
+                    watchdog,
+                    Some(runtime),
                     self.inner.queues.clone(),
                 ))))
             }
@@ -527,20 +572,34 @@ impl<S: LockStore> Locker<S> {
         }
     }
 
-    fn watchdog(&self) -> (&mpsc::UnboundedSender<Cmd>, &tokio::runtime::Handle) {
-        let (tx, rt) = self.inner.watchdog.get_or_init(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(watchdog::run(
-                self.inner.store.clone(),
-                rx,
-                self.inner.opts.batch,
-                // Renewals due within lease/12 of each other share a batch.
-                self.inner.opts.lease / 12,
-                self.inner.renewing.clone(),
-            ));
-            (tx, tokio::runtime::Handle::current())
-        });
-        (tx, rt)
+    /// The watchdog's inbox. The watchdog is spawned on `runtime` (the
+    /// caller's) the first time, and again whenever the task it ran on is
+    /// gone — its runtime shut down (a locker shared across `#[tokio::test]`s,
+    /// built in a setup runtime, or outliving a restarted worker).
+    fn watchdog(&self, runtime: &tokio::runtime::Handle) -> mpsc::UnboundedSender<Cmd> {
+        let slot = &self.inner.watchdog;
+        if let Some(tx) = slot.read().unwrap_or_else(|p| p.into_inner()).as_ref()
+            && !tx.is_closed()
+        {
+            return tx.clone();
+        }
+        let mut slot = slot.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = slot.as_ref()
+            && !tx.is_closed()
+        {
+            return tx.clone();
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        drop(runtime.spawn(watchdog::run(
+            self.inner.store.clone(),
+            rx,
+            self.inner.opts.batch,
+            // Renewals due within lease/12 of each other share a batch.
+            self.inner.opts.lease / 12,
+            self.inner.renewing.clone(),
+        )));
+        *slot = Some(tx.clone());
+        tx
     }
 }
 
@@ -657,14 +716,26 @@ fn default_options() -> Options {
 /// An acquire attempt whose answer has not arrived. If the future holding it
 /// is dropped (client gone, timeout), the attempt may still have been
 /// granted: release it in the background, owner-checked.
+/// (Spawned on the current runtime, or on the attempt's own if the future
+/// is dropped outside any runtime.)
 struct PendingAttempt<'a, S: LockStore> {
     armed: Option<(&'a Arc<S>, &'a LockKey, &'a OwnerToken)>,
+    lease: Duration,
+    runtime: &'a tokio::runtime::Handle,
 }
 
 impl<'a, S: LockStore> PendingAttempt<'a, S> {
-    fn new(store: &'a Arc<S>, key: &'a LockKey, owner: &'a OwnerToken) -> Self {
+    fn new(
+        store: &'a Arc<S>,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        lease: Duration,
+        runtime: &'a tokio::runtime::Handle,
+    ) -> Self {
         PendingAttempt {
             armed: Some((store, key, owner)),
+            lease,
+            runtime,
         }
     }
 
@@ -675,13 +746,17 @@ impl<'a, S: LockStore> PendingAttempt<'a, S> {
 
 impl<S: LockStore> Drop for PendingAttempt<'_, S> {
     fn drop(&mut self) {
-        if let Some((store, key, owner)) = self.armed.take()
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            let (store, key, owner) = (store.clone(), key.clone(), owner.clone());
-            drop(rt.spawn(async move {
-                let _ = store.release(&key, &owner).await;
-            }));
+        if let Some((store, key, owner)) = self.armed.take() {
+            let (key, owner, lease) = (key.clone(), owner.clone(), self.lease);
+            let store: Arc<dyn DynStore> = store.clone();
+            spawn_detached(Some(self.runtime), async move {
+                // One try, bounded by a lease (after which a grant made now
+                // has expired anyway). Not retried: failed acquires are not
+                // bounded by the locks held, and retrying each of them
+                // through an outage would pile up work for the recovery.
+                let give_up = far_add(Instant::now(), lease);
+                let _ = tokio::time::timeout_at(give_up, store.release_dyn(&key, &owner)).await;
+            });
         }
     }
 }
