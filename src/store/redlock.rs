@@ -83,6 +83,31 @@ impl RedlockStore {
         }
     }
 
+    /// The verdict on an owner-checked write (extend, release, finish)
+    /// from `yes` nodes that did it and `no` nodes that definitely refused
+    /// (not the owner): `true` on a quorum of yes, `false` only when the
+    /// refusals leave no quorum possible, and otherwise "unavailable" — too
+    /// few answers to tell; the caller retries and the lease deadline
+    /// decides.
+    fn verdict(&self, op: Operation, key: &LockKey, yes: usize, no: usize) -> Result<bool, Error> {
+        if yes >= self.quorum {
+            Ok(true)
+        } else if no > self.nodes.len() - self.quorum {
+            Ok(false)
+        } else {
+            Err(Error::Unavailable {
+                op,
+                key: Some(key.clone()),
+                source: format!(
+                    "{yes} of {} Redlock nodes agreed and {no} refused; {} needed either way",
+                    self.nodes.len(),
+                    self.quorum
+                )
+                .into(),
+            })
+        }
+    }
+
     async fn release_everywhere(
         &self,
         key: &LockKey,
@@ -90,6 +115,15 @@ impl RedlockStore {
     ) -> Vec<Result<bool, Error>> {
         join_all(self.nodes.iter().map(|n| n.release(key, owner))).await
     }
+}
+
+/// How many answers are `Ok(true)` and how many `Ok(false)`.
+fn tally<'a>(answers: impl IntoIterator<Item = &'a Result<bool, Error>>) -> (usize, usize) {
+    answers.into_iter().fold((0, 0), |(yes, no), a| match a {
+        Ok(true) => (yes + 1, no),
+        Ok(false) => (yes, no + 1),
+        Err(_) => (yes, no),
+    })
 }
 
 impl LockStore for RedlockStore {
@@ -123,14 +157,31 @@ impl LockStore for RedlockStore {
                 .max()
                 .unwrap_or(FencingToken::new(0));
             // Write the token back so the next majority, which shares a node
-            // with this one, mints a larger one.
-            join_all(
+            // with this one, mints a larger one. The token counts only once
+            // a quorum holds a counter at least as large.
+            let acks = join_all(
                 granted
                     .iter()
                     .map(|&(i, _)| self.nodes[i].raise_fence(key, token)),
             )
-            .await;
-            return Ok(AcquireOutcome::Granted(token));
+            .await
+            .iter()
+            .filter(|a| a.is_ok())
+            .count();
+            if acks >= self.quorum {
+                return Ok(AcquireOutcome::Granted(token));
+            }
+            self.release_everywhere(key, owner).await;
+            return Err(Error::Unavailable {
+                op: Operation::Acquire,
+                key: Some(key.clone()),
+                source: format!(
+                    "the fencing token reached only {acks} of {} Redlock nodes; {} needed",
+                    self.nodes.len(),
+                    self.quorum
+                )
+                .into(),
+            });
         }
         // No majority (or no time left): undo everywhere, owner-checked.
         self.release_everywhere(key, owner).await;
@@ -149,47 +200,26 @@ impl LockStore for RedlockStore {
         lease: Duration,
     ) -> Result<bool, Error> {
         let answers = join_all(self.nodes.iter().map(|n| n.extend(key, owner, lease))).await;
-        let ok = answers.iter().filter(|a| matches!(a, Ok(true))).count();
-        let answered = answers.iter().filter(|a| a.is_ok()).count();
-        if ok >= self.quorum {
-            Ok(true)
-        } else if answered >= self.quorum {
-            Ok(false)
-        } else {
-            Err(self.no_quorum(Operation::Extend, key, answered))
-        }
+        let (yes, no) = tally(&answers);
+        self.verdict(Operation::Extend, key, yes, no)
     }
 
-    async fn extend_many(&self, renewals: &[Renewal]) -> Result<Vec<bool>, Error> {
+    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
         let per_node = join_all(self.nodes.iter().map(|n| n.extend_many(renewals))).await;
-        let answered = per_node.iter().filter(|a| a.is_ok()).count();
-        let mut ok = vec![0usize; renewals.len()];
-        for answers in per_node.iter().flatten() {
-            for (count, &extended) in ok.iter_mut().zip(answers) {
-                *count += usize::from(extended);
-            }
-        }
-        if answered < self.quorum && ok.iter().any(|&n| n < self.quorum) {
-            return Err(Error::Unavailable {
-                op: Operation::Extend,
-                key: None,
-                source: format!(
-                    "only {answered} of {} Redlock nodes answered",
-                    self.nodes.len()
-                )
-                .into(),
-            });
-        }
-        Ok(ok.into_iter().map(|n| n >= self.quorum).collect())
+        renewals
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let (yes, no) = tally(per_node.iter().filter_map(|answers| answers.get(i)));
+                self.verdict(Operation::Extend, &r.key, yes, no)
+            })
+            .collect()
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
         let answers = self.release_everywhere(key, owner).await;
-        let released = answers.iter().filter(|a| matches!(a, Ok(true))).count();
-        if released == 0 && answers.iter().all(|a| a.is_err()) {
-            return Err(self.no_quorum(Operation::Release, key, 0));
-        }
-        Ok(released >= self.quorum)
+        let (yes, no) = tally(&answers);
+        self.verdict(Operation::Release, key, yes, no)
     }
 
     async fn finish(
@@ -202,25 +232,47 @@ impl LockStore for RedlockStore {
         let answers = join_all(
             self.nodes
                 .iter()
-                .map(|n| n.finish(key, owner, record.clone(), retention)),
+                .map(|n| n.finish_marked(key, owner, record.clone(), retention)),
         )
         .await;
-        let stored = answers.iter().filter(|a| matches!(a, Ok(true))).count();
-        if stored < self.quorum {
-            // Not on a majority: take the lock down everywhere; the record
-            // may survive on a minority, where reads still find it.
+        let (yes, no) = tally(&answers);
+        if yes < self.quorum {
+            // Not on a majority: take back the record wherever it may have
+            // been written (owner-checked: never a later holder's; on a
+            // node that did not answer, the rollback queues behind the
+            // finish), and take the lock down everywhere.
+            join_all(
+                self.nodes
+                    .iter()
+                    .zip(&answers)
+                    .filter(|(_, a)| !matches!(a, Ok(false)))
+                    .map(|(n, _)| n.rollback_record(key, owner)),
+            )
+            .await;
             self.release_everywhere(key, owner).await;
         }
-        Ok(stored >= self.quorum)
+        self.verdict(Operation::Release, key, yes, no)
     }
 
     async fn read_record(&self, key: &LockKey) -> Result<Option<Bytes>, Error> {
         let answers = join_all(self.nodes.iter().map(|n| n.read_record(key))).await;
         let answered = answers.iter().filter(|a| a.is_ok()).count();
-        if let Some(found) = answers.iter().flatten().flatten().next() {
-            return Ok(Some(found.clone()));
+        // A record counts only where a quorum holds it (a finish that
+        // missed its quorum is no completed work). The same bytes on a
+        // quorum: replay them. Every record missing from more nodes than a
+        // quorum allows: none. Otherwise too few nodes answered to tell.
+        let found: Vec<&Bytes> = answers.iter().flatten().flatten().collect();
+        let mut undecided = false;
+        for candidate in &found {
+            let holders = found.iter().filter(|r| **r == *candidate).count();
+            if holders >= self.quorum {
+                return Ok(Some((*candidate).clone()));
+            }
+            if answered - holders <= self.nodes.len() - self.quorum {
+                undecided = true;
+            }
         }
-        if answered < self.quorum {
+        if undecided || answered <= self.nodes.len() - self.quorum {
             return Err(self.no_quorum(Operation::Acquire, key, answered));
         }
         Ok(None)
