@@ -47,6 +47,9 @@ pub struct RedlockStore {
     quorum: usize,
 }
 
+/// How long an undone finish keeps trying nodes that did not answer.
+const UNDO_FOR: Duration = Duration::from_secs(60);
+
 impl RedlockStore {
     /// Redlock over `nodes` (at least 1; use an odd number, 3 or 5).
     pub fn new(nodes: Vec<RedisStore>) -> Result<Self, ConfigError> {
@@ -115,6 +118,54 @@ impl RedlockStore {
     ) -> Vec<Result<bool, Error>> {
         join_all(self.nodes.iter().map(|n| n.release(key, owner))).await
     }
+
+    /// Undoes a grant (or a finish, with `rollback`) that did not count:
+    /// owner-checked, on every node, now; nodes that did not answer are
+    /// tried again in the background until they do or `until` passes (a
+    /// frozen node keeps the lock, or runs a queued finish late, after it
+    /// is back — and a client may not even send a command queued behind one
+    /// that timed out).
+    async fn undo(&self, key: &LockKey, owner: &OwnerToken, rollback: bool, until: Instant) {
+        let undo_on = |node: &RedisStore| {
+            let (key, owner) = (key.clone(), owner.clone());
+            let node = node.clone();
+            async move {
+                if rollback {
+                    node.rollback_record(&key, &owner).await?;
+                }
+                node.release(&key, &owner).await
+            }
+        };
+        let answers = join_all(self.nodes.iter().map(undo_on)).await;
+        let mut pending: Vec<RedisStore> = self
+            .nodes
+            .iter()
+            .zip(&answers)
+            .filter(|(_, a)| a.is_err())
+            .map(|(n, _)| n.clone())
+            .collect();
+        if pending.is_empty() || Instant::now() >= until {
+            return;
+        }
+        let (key, owner) = (key.clone(), owner.clone());
+        tokio::spawn(async move {
+            let mut pause = Duration::from_millis(50);
+            while !pending.is_empty() && Instant::now() < until {
+                tokio::time::sleep(pause.min(until.saturating_duration_since(Instant::now())))
+                    .await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+                let answers = join_all(pending.iter().map(|node| async {
+                    if rollback {
+                        node.rollback_record(&key, &owner).await?;
+                    }
+                    node.release(&key, &owner).await
+                }))
+                .await;
+                let mut answers = answers.iter();
+                pending.retain(|_| answers.next().is_some_and(Result::is_err));
+            }
+        });
+    }
 }
 
 /// How many answers are `Ok(true)` and how many `Ok(false)`.
@@ -171,7 +222,7 @@ impl LockStore for RedlockStore {
             if acks >= self.quorum {
                 return Ok(AcquireOutcome::Granted(token));
             }
-            self.release_everywhere(key, owner).await;
+            self.undo(key, owner, false, start + lease).await;
             return Err(Error::Unavailable {
                 op: Operation::Acquire,
                 key: Some(key.clone()),
@@ -184,7 +235,7 @@ impl LockStore for RedlockStore {
             });
         }
         // No majority (or no time left): undo everywhere, owner-checked.
-        self.release_everywhere(key, owner).await;
+        self.undo(key, owner, false, start + lease).await;
         if granted.len() + held.len() < self.quorum {
             return Err(self.no_quorum(Operation::Acquire, key, granted.len() + held.len()));
         }
@@ -238,18 +289,11 @@ impl LockStore for RedlockStore {
         let (yes, no) = tally(&answers);
         if yes < self.quorum {
             // Not on a majority: take back the record wherever it may have
-            // been written (owner-checked: never a later holder's; on a
-            // node that did not answer, the rollback queues behind the
-            // finish), and take the lock down everywhere.
-            join_all(
-                self.nodes
-                    .iter()
-                    .zip(&answers)
-                    .filter(|(_, a)| !matches!(a, Ok(false)))
-                    .map(|(n, _)| n.rollback_record(key, owner)),
-            )
-            .await;
-            self.release_everywhere(key, owner).await;
+            // been written (owner-checked: never a later holder's), and the
+            // lock with it. Nodes that do not answer are tried again for a
+            // while: one may run the queued finish late.
+            self.undo(key, owner, true, Instant::now() + retention.min(UNDO_FOR))
+                .await;
         }
         self.verdict(Operation::Release, key, yes, no)
     }
