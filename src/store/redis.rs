@@ -860,6 +860,14 @@ impl RedisStore {
         }
     }
 
+    /// Test support: how many release channels the store's notifier keeps
+    /// (subscribed or wanted) and the capacity of its map; `(0, 0)` before
+    /// the first subscribe or without notifications.
+    #[doc(hidden)]
+    pub fn notification_channels(&self) -> (usize, usize) {
+        self.inner.notifier.get().map_or((0, 0), Notifier::channels)
+    }
+
     fn notifier(&self) -> Option<&Notifier> {
         let source = self.inner.pubsub.as_ref()?;
         Some(
