@@ -301,6 +301,9 @@ impl std::fmt::Debug for RedisStore {
 const DEFAULT_PREFIX: &str = "trl";
 const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(3600);
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+/// A bound on a call is no bound past this (and the sums of timeouts stay
+/// far from overflowing).
+const MAX_COMMAND_TIMEOUT: Duration = Duration::from_secs(3600);
 
 impl RedisStore {
     /// A store over an existing pool. Waiters poll unless you add
@@ -447,21 +450,31 @@ impl RedisStore {
     }
 
     /// How long a fencing counter outlives its last grant (default 1 h, at
-    /// least 1 s). Tokens stay strictly increasing after it lapses because
+    /// least 1 s, at most 100 years). Tokens stay strictly increasing after it lapses because
     /// they never fall below Redis `TIME` in µs; the counter only guards
     /// against the server clock stepping back within the retention.
     pub fn with_fence_retention(mut self, retention: Duration) -> Result<Self, ConfigError> {
         if retention < Duration::from_secs(1) {
             return Err(ConfigError::new("fence_retention", "must be at least 1 s"));
         }
-        self.inner_mut().fence_retention_ms = retention.as_millis() as u64;
+        if retention > MAX_PX {
+            return Err(ConfigError::new(
+                "fence_retention",
+                "must be at most 100 years (Redis refuses longer expiries)",
+            ));
+        }
+        self.inner_mut().fence_retention_ms = ms(retention);
         Ok(self)
     }
 
-    /// Upper bound on each call to Redis, connection included (default 2 s).
+    /// Upper bound on each call to Redis, connection included (default 2 s,
+    /// at least 1 ms, at most 1 h).
     pub fn with_command_timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
         if timeout < Duration::from_millis(1) {
             return Err(ConfigError::new("command_timeout", "must be at least 1 ms"));
+        }
+        if timeout > MAX_COMMAND_TIMEOUT {
+            return Err(ConfigError::new("command_timeout", "must be at most 1 h"));
         }
         self.inner_mut().timeout = timeout;
         Ok(self)
@@ -790,7 +803,7 @@ impl RedisStore {
         w: WaitReplicas,
     ) -> Result<(i64, redis::Value, Option<i64>), Error> {
         let op = Operation::Acquire;
-        let bound = self.inner.timeout + w.timeout;
+        let bound = self.inner.timeout.saturating_add(w.timeout);
         let work = async {
             let idle = lock(&self.inner.wait_conns).pop();
             let mut conn = match idle {
@@ -810,7 +823,7 @@ impl RedisStore {
             let acked = if kind == 1 {
                 let n: i64 = redis::cmd("WAIT")
                     .arg(w.replicas)
-                    .arg(w.timeout.as_millis() as u64)
+                    .arg(ms(w.timeout))
                     .query_async(&mut conn)
                     .await
                     .map_err(fail)?;
@@ -882,8 +895,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The longest expiry written to Redis: about 100 years, far below what
+/// `PX` accepts (the server refuses an expiry past `i64::MAX` ms from now).
+const MAX_PX: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `d` in whole milliseconds for `PX`/`PEXPIRE`: at least 1, and at most
+/// [`MAX_PX`] (a longer lease or retention is that long).
 fn ms(d: Duration) -> u64 {
-    (d.as_millis() as u64).max(1)
+    (d.min(MAX_PX).as_millis() as u64).max(1)
 }
 
 fn timeout_error(op: Operation, key: Option<&LockKey>, after: Duration) -> Error {
