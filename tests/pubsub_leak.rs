@@ -44,7 +44,7 @@ async fn waiters_that_leave_at_any_point_leave_no_subscription() {
     let server = RedisServer::start();
     let store = RedisStore::from_url(&server.url()).unwrap();
     let keys: Vec<LockKey> = (0..150)
-        .map(|i| LockKey::new("leak", &format!("k{i}")).unwrap())
+        .map(|i| LockKey::new("leak", format!("k{i}")).unwrap())
         .collect();
     let mut answered_unread = Vec::new();
     for (i, k) in keys.iter().enumerate() {
@@ -95,7 +95,7 @@ async fn a_burst_of_distinct_keys_leaves_nothing_per_key() {
     let mut peak = 0;
     for chunk in 0..20 {
         let keys: Vec<LockKey> = (0..500)
-            .map(|i| LockKey::new("burst", &format!("c{chunk}-{i}")).unwrap())
+            .map(|i| LockKey::new("burst", format!("c{chunk}-{i}")).unwrap())
             .collect();
         for k in &keys {
             store

@@ -64,7 +64,7 @@ async fn a_frozen_cluster_primary_loses_only_its_own_locks() {
         if per_node.iter().all(|keys| keys.len() >= 2) {
             break;
         }
-        let k = LockKey::new("isolation", &format!("k{i}")).unwrap();
+        let k = LockKey::new("isolation", format!("k{i}")).unwrap();
         let node = cluster.node_for_slot(cluster.slot_of(&store.lock_key(&k)));
         if per_node[node].len() < 2 {
             per_node[node].push(k);
@@ -106,7 +106,7 @@ async fn a_wrong_type_key_fails_only_its_own_renewal() {
     let store = RedisStore::from_url(&server.url()).unwrap();
     let l = locker(store.clone());
     let keys: Vec<LockKey> = (0..5)
-        .map(|i| LockKey::new("isolation", &format!("one-{i}")).unwrap())
+        .map(|i| LockKey::new("isolation", format!("one-{i}")).unwrap())
         .collect();
     let mut guards = Vec::new();
     for k in &keys {
@@ -135,7 +135,7 @@ async fn extend_many_answers_each_renewal_on_its_own() {
     let store = RedisStore::from_url(&server.url()).unwrap();
     let (a, b) = (OwnerToken::generate(), OwnerToken::generate());
     let keys: Vec<LockKey> = (0..3)
-        .map(|i| LockKey::new("isolation", &format!("many-{i}")).unwrap())
+        .map(|i| LockKey::new("isolation", format!("many-{i}")).unwrap())
         .collect();
     for k in &keys {
         store.acquire(k, &a, Duration::from_secs(10)).await.unwrap();
@@ -177,7 +177,7 @@ async fn a_dead_connection_fails_every_renewal_of_the_batch() {
         .unwrap();
     let a = OwnerToken::generate();
     let keys: Vec<LockKey> = (0..3)
-        .map(|i| LockKey::new("isolation", &format!("dead-{i}")).unwrap())
+        .map(|i| LockKey::new("isolation", format!("dead-{i}")).unwrap())
         .collect();
     for k in &keys {
         store.acquire(k, &a, Duration::from_secs(10)).await.unwrap();

@@ -22,6 +22,21 @@ use crate::{Error, FencingToken, LockKey, Operation, OwnerToken, RedisStore};
 ///   majority — the layer then fails closed);
 /// * renewals and releases go to every node; a renewal holds when a
 ///   majority extended;
+/// * an owner-checked write (extend, release, finish) answers `Ok(true)` on
+///   a majority of yes, `Ok(false)` ("not the owner") only when definite
+///   refusals leave no majority possible, and otherwise
+///   [`Error::Unavailable`]: the watchdog retries a renewal and the lease
+///   deadline decides, a release is retried by the guard. Each renewal of
+///   an [`extend_many`](LockStore::extend_many) batch is judged on its own;
+/// * a grant, or a finish, that does not count is undone on every node
+///   (owner-checked); nodes that did not answer are tried again in the
+///   background until the lease (for a finish, up to a minute) is over —
+///   a frozen node runs queued commands late;
+/// * a finish stores the record with its writer's owner token; one that
+///   misses its majority deletes the records it wrote (never a later
+///   holder's). [`read_record`](LockStore::read_record) replays a record
+///   only when a majority holds the same bytes, answers `None` when that
+///   is impossible, and `Unavailable` when too few nodes answered to tell;
 /// * waiters subscribe on every node and wake on any release.
 ///
 /// Give each node a short command timeout
@@ -32,7 +47,9 @@ use crate::{Error, FencingToken, LockKey, Operation, OwnerToken, RedisStore};
 ///
 /// Each node mints its own token (`max(last + 1, TIME µs)`); the grant's
 /// token is the largest of the majority's, written back to every granting
-/// node's counter. Any two majorities share a node, so tokens increase
+/// node's counter. The token counts only once a majority acknowledged the
+/// write-back; short of that the grant is undone and the acquire answers
+/// [`Error::Unavailable`]. Any two majorities share a node, so tokens increase
 /// *while a majority keeps its data*. They do not survive more than a
 /// minority losing state: a node restarted without persistence forgets its
 /// locks and counters, and must stay out of service for at least one
