@@ -10,6 +10,7 @@ use std::pin::Pin;
 use std::task::{Context, Waker};
 use std::time::Duration;
 
+use support::topology::Cluster;
 use support::{RedisServer, eventually};
 use tower_redis_lock::{LockKey, LockStore, OwnerToken, RedisStore, ReleaseWatch};
 
@@ -131,4 +132,49 @@ async fn a_burst_of_distinct_keys_leaves_nothing_per_key() {
     );
     let (_, capacity) = store.notification_channels();
     assert!(capacity <= 64, "the channel map kept room for {capacity}");
+}
+
+/// The same on a cluster, whose waiters use sharded pub/sub: no shard
+/// channel is left on any node and the notifier keeps no channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_waiters_that_leave_after_the_answer_leave_no_shard_channel() {
+    let cluster = Cluster::start(3);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let store = RedisStore::cluster(&urls).unwrap();
+    let keys: Vec<LockKey> = (0..60)
+        .map(|i| LockKey::new("leak", format!("s{i}")).unwrap())
+        .collect();
+    let mut answered_unread = Vec::new();
+    for k in &keys {
+        let mut fut: Subscribing<'_> = Box::pin(store.subscribe(k));
+        poll_once(&mut fut);
+        answered_unread.push(fut);
+    }
+    let barrier = LockKey::new("leak", "barrier").unwrap();
+    let watch = store.subscribe(&barrier).await.unwrap();
+    assert!(watch.is_active());
+    drop(answered_unread);
+    drop(watch);
+    let shard_channels = || -> usize {
+        cluster
+            .nodes
+            .iter()
+            .map(|n| {
+                n.cmd(&["PUBSUB", "SHARDCHANNELS"])
+                    .as_array()
+                    .map_or(0, <[_]>::len)
+            })
+            .sum()
+    };
+    let clean = eventually(Duration::from_secs(10), async || {
+        shard_channels() == 0 && store.notification_channels().0 == 0
+    })
+    .await;
+    assert!(
+        clean,
+        "left behind: {} shard channels, notifier {:?}",
+        shard_channels(),
+        store.notification_channels()
+    );
 }
