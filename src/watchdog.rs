@@ -8,9 +8,10 @@
 //! [`LockStore::extend_many`] in batches — one pipelined round trip per batch
 //! for the Redis stores — instead of one timer task and round trip per lock.
 //!
-//! Outcomes: "extended" moves the validity deadline forward; "not owner"
-//! flips the lease to lost at once; an error leaves the lease as it is and
-//! retries soon. If the validity deadline passes with no successful renewal,
+//! The store answers each lease of a batch on its own, and each answer
+//! applies to its lease only. Outcomes: "extended" moves the validity
+//! deadline forward; "not owner" flips the lease to lost at once; an error
+//! leaves the lease as it is and retries soon. If the validity deadline passes with no successful renewal,
 //! the lease is flipped to lost at that instant.
 
 use std::collections::{BTreeSet, HashMap};
@@ -42,10 +43,12 @@ struct Entry {
     capped: bool,
 }
 
+/// A batch's leases (id, lease asked for), when it was sent, and one answer
+/// per lease, in the same order.
 type BatchResult = (
     Vec<(u64, Duration)>,
     Instant,
-    Result<Vec<bool>, crate::Error>,
+    Vec<Result<bool, crate::Error>>,
 );
 
 pub(crate) async fn run<S: LockStore>(
@@ -82,12 +85,23 @@ pub(crate) async fn run<S: LockStore>(
                 }
             },
             Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
-                let Ok((batch, started, result)) = done else { continue };
+                let Ok((batch, started, results)) = done else { continue };
                 let now = Instant::now();
-                for (i, (id, applied)) in batch.into_iter().enumerate() {
+                let mut failed = 0usize;
+                let mut first_error = None;
+                let mut results = results.into_iter();
+                // Each answer applies to its own lease only: one lease's
+                // error or refusal never touches another of the batch.
+                for (id, applied) in batch {
+                    let outcome = results.next().unwrap_or_else(|| {
+                        Err(crate::Error::Unavailable {
+                            op: crate::Operation::Extend,
+                            key: None,
+                            source: "the store answered fewer renewals than it was sent".into(),
+                        })
+                    });
                     let Some(e) = entries.get_mut(&id) else { continue };
                     e.in_flight = false;
-                    let outcome = result.as_ref().map(|v| v.get(i).copied().unwrap_or(false));
                     match outcome {
                         Ok(true) => {
                             e.lease.renewed(started, applied);
@@ -99,9 +113,11 @@ pub(crate) async fn run<S: LockStore>(
                             entries.remove(&id);
                             continue;
                         }
-                        Err(_) => {
+                        Err(err) => {
                             // Try again soon; the deadline decides if it is lost.
                             e.next_renew = now + (e.lease.lease / 12).min(Duration::from_secs(1));
+                            failed += 1;
+                            first_error.get_or_insert(err);
                         }
                     }
                     let at = e.next_renew.min(e.lease.valid_until());
@@ -109,8 +125,8 @@ pub(crate) async fn run<S: LockStore>(
                     e.queued = at;
                     queue.insert((at, id));
                 }
-                if let Err(e) = &result {
-                    tracing::warn!(error = %e, "lease renewal failed; retrying");
+                if let Some(err) = first_error {
+                    tracing::warn!(error = %err, failed, "lease renewal failed; retrying");
                 }
             }
             _ = sleep_until(next_wake) => {}
@@ -160,28 +176,28 @@ pub(crate) async fn run<S: LockStore>(
         }
         renewing.store(entries.len(), Ordering::Relaxed);
         for chunk in due.chunks(batch_size.max(1)) {
-            let renewals: Vec<Renewal> = chunk
-                .iter()
-                .filter_map(|&(id, lease)| {
-                    let e = entries.get(&id)?;
-                    Some(Renewal {
-                        key: e.lease.key.clone(),
-                        owner: e.lease.owner.clone(),
-                        lease,
-                    })
-                })
-                .collect();
-            let batch = chunk.to_vec();
+            // Built together, so answer i is about lease i.
+            let mut batch = Vec::with_capacity(chunk.len());
+            let mut renewals = Vec::with_capacity(chunk.len());
+            for &(id, lease) in chunk {
+                let Some(e) = entries.get(&id) else { continue };
+                batch.push((id, lease));
+                renewals.push(Renewal {
+                    key: e.lease.key.clone(),
+                    owner: e.lease.owner.clone(),
+                    lease,
+                });
+            }
             let store = store.clone();
             in_flight.spawn(async move {
                 let started = Instant::now();
-                let result = store.extend_many(&renewals).await;
+                let results = store.extend_many(&renewals).await;
                 tracing::trace!(
                     count = renewals.len(),
-                    ok = result.is_ok(),
+                    failed = results.iter().filter(|r| r.is_err()).count(),
                     "renewed leases"
                 );
-                (batch, started, result)
+                (batch, started, results)
             });
         }
     }

@@ -84,19 +84,24 @@ pub trait LockStore: Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<bool, Error>> + Send;
 
-    /// Extends many leases, answering in order. The default runs
+    /// Extends many leases, answering one result per renewal, in order,
+    /// with the meaning of [`extend`](LockStore::extend) for each: one
+    /// lease's error (its key is of the wrong type, its cluster node is
+    /// down) must not fail the others. A failure that does reach every
+    /// renewal of the batch (the one connection they shared broke or timed
+    /// out) is answered as an error for each. The default runs
     /// [`extend`](LockStore::extend) one after another; network stores
     /// pipeline the batch.
     fn extend_many(
         &self,
         renewals: &[Renewal],
-    ) -> impl Future<Output = Result<Vec<bool>, Error>> + Send {
+    ) -> impl Future<Output = Vec<Result<bool, Error>>> + Send {
         async move {
             let mut out = Vec::with_capacity(renewals.len());
             for r in renewals {
-                out.push(self.extend(&r.key, &r.owner, r.lease).await?);
+                out.push(self.extend(&r.key, &r.owner, r.lease).await);
             }
-            Ok(out)
+            out
         }
     }
 
@@ -170,6 +175,59 @@ pub trait LockStore: Send + Sync + 'static {
     /// default, the address of `self`, only matches the very same value.
     fn instance_id(&self) -> usize {
         std::ptr::from_ref(self).cast::<()>() as usize
+    }
+}
+
+/// `err`, which hit a whole batch, as one error per renewal: the first
+/// keeps the original, the others carry a copy of its message (errors are
+/// not `Clone`), each with its own key.
+pub(crate) fn error_for_each(err: Error, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
+    let mut out = Vec::with_capacity(renewals.len());
+    for r in renewals.iter().skip(1) {
+        out.push(Err(copy_error(&err, &r.key)));
+    }
+    if let Some(first) = renewals.first() {
+        out.insert(0, Err(with_key(err, &first.key)));
+    }
+    out
+}
+
+/// `err` about `key` (a batch error carries no key, or another one).
+fn with_key(err: Error, key: &LockKey) -> Error {
+    match err {
+        Error::Unavailable { op, source, .. } => Error::Unavailable {
+            op,
+            key: Some(key.clone()),
+            source,
+        },
+        Error::Auth { op, source, .. } => Error::Auth {
+            op,
+            key: Some(key.clone()),
+            source,
+        },
+        other => other,
+    }
+}
+
+/// A copy of `err` about `key`: same kind, the source as text.
+fn copy_error(err: &Error, key: &LockKey) -> Error {
+    let source = |s: &crate::error::BoxError| -> crate::error::BoxError { s.to_string().into() };
+    match err {
+        Error::Auth { op, source: s, .. } => Error::Auth {
+            op: *op,
+            key: Some(key.clone()),
+            source: source(s),
+        },
+        Error::Unavailable { op, source: s, .. } => Error::Unavailable {
+            op: *op,
+            key: Some(key.clone()),
+            source: source(s),
+        },
+        other => Error::Unavailable {
+            op: crate::Operation::Extend,
+            key: Some(key.clone()),
+            source: other.to_string().into(),
+        },
     }
 }
 

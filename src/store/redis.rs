@@ -73,13 +73,16 @@ static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_
 // lacks the command (a cluster before Redis 7) still releases; its waiters
 // poll.
 
-// KEYS[1] lock, KEYS[2] record
+// KEYS[1] lock, KEYS[2] record, KEYS[3] (optional, Redlock) record writer
 // ARGV[1] owner, ARGV[2] record, ARGV[3] retention ms,
 // ARGV[4] publish command, ARGV[5] release channel
 // -> 1 stored and released, 0 not owner (nothing stored)
+// The record writer (the owner token, kept as long as the record) lets a
+// Redlock finish that missed its quorum take back exactly what it wrote.
 const FINISH_SRC: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+  if KEYS[3] then redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3]) end
   redis.call('DEL', KEYS[1])
   redis.pcall(ARGV[4], ARGV[5], '')
   return 1
@@ -87,6 +90,18 @@ end
 return 0
 "#;
 static FINISH: LazyLock<Script> = LazyLock::new(|| Script::new(FINISH_SRC));
+
+// KEYS[1] record, KEYS[2] record writer; ARGV[1] owner
+// Deletes the record if `owner` wrote it (Redlock: a finish that missed its
+// quorum) -> 1 deleted, 0 not ours (absent, or a later holder's)
+const ROLLBACK_SRC: &str = r#"
+if redis.call('GET', KEYS[2]) == ARGV[1] then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  return 1
+end
+return 0
+"#;
+static ROLLBACK: LazyLock<Script> = LazyLock::new(|| Script::new(ROLLBACK_SRC));
 
 // KEYS[1] lock; ARGV[1] owner, ARGV[2] lease ms -> 1 extended, 0 not owner
 const EXTEND_SRC: &str = r#"
@@ -169,6 +184,7 @@ const MAX_IDLE_WAIT_CONNS: usize = 16;
 const LOCK: &str = "lock";
 const FENCE: &str = "fence";
 const RECORD: &str = "record";
+const RECORD_WRITER: &str = "record-writer";
 const RELEASED: &str = "released";
 
 /// `<prefix>:{<key>}:<suffix>`: one Redis name of a lock. All names of a
@@ -285,6 +301,9 @@ impl std::fmt::Debug for RedisStore {
 const DEFAULT_PREFIX: &str = "trl";
 const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(3600);
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+/// A bound on a call is no bound past this (and the sums of timeouts stay
+/// far from overflowing).
+const MAX_COMMAND_TIMEOUT: Duration = Duration::from_secs(3600);
 
 impl RedisStore {
     /// A store over an existing pool. Waiters poll unless you add
@@ -431,21 +450,31 @@ impl RedisStore {
     }
 
     /// How long a fencing counter outlives its last grant (default 1 h, at
-    /// least 1 s). Tokens stay strictly increasing after it lapses because
+    /// least 1 s, at most 100 years). Tokens stay strictly increasing after it lapses because
     /// they never fall below Redis `TIME` in µs; the counter only guards
     /// against the server clock stepping back within the retention.
     pub fn with_fence_retention(mut self, retention: Duration) -> Result<Self, ConfigError> {
         if retention < Duration::from_secs(1) {
             return Err(ConfigError::new("fence_retention", "must be at least 1 s"));
         }
-        self.inner_mut().fence_retention_ms = retention.as_millis() as u64;
+        if retention > MAX_PX {
+            return Err(ConfigError::new(
+                "fence_retention",
+                "must be at most 100 years (Redis refuses longer expiries)",
+            ));
+        }
+        self.inner_mut().fence_retention_ms = ms(retention);
         Ok(self)
     }
 
-    /// Upper bound on each call to Redis, connection included (default 2 s).
+    /// Upper bound on each call to Redis, connection included (default 2 s,
+    /// at least 1 ms, at most 1 h).
     pub fn with_command_timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
         if timeout < Duration::from_millis(1) {
             return Err(ConfigError::new("command_timeout", "must be at least 1 ms"));
+        }
+        if timeout > MAX_COMMAND_TIMEOUT {
+            return Err(ConfigError::new("command_timeout", "must be at most 1 h"));
         }
         self.inner_mut().timeout = timeout;
         Ok(self)
@@ -706,6 +735,63 @@ impl RedisStore {
         Ok(())
     }
 
+    /// The finish script; with `mark`, it also stores who wrote the record
+    /// (for [`rollback_record`](RedisStore::rollback_record)).
+    async fn finish_script(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        record: Bytes,
+        retention: Duration,
+        mark: bool,
+    ) -> Result<bool, Error> {
+        let mut inv = FINISH.key(self.name(key, LOCK));
+        inv.key(self.name(key, RECORD));
+        if mark {
+            inv.key(self.name(key, RECORD_WRITER));
+        }
+        inv.arg(owner.as_str())
+            .arg(record.as_ref())
+            .arg(ms(retention))
+            .arg(self.publish_command())
+            .arg(self.name(key, RELEASED));
+        let n: i64 = self
+            .with_conn(Operation::Release, Some(key), |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// Finish that remembers the record's writer (Redlock).
+    pub(crate) async fn finish_marked(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        record: Bytes,
+        retention: Duration,
+    ) -> Result<bool, Error> {
+        self.finish_script(key, owner, record, retention, true)
+            .await
+    }
+
+    /// Deletes `key`'s record if `owner` wrote it with
+    /// [`finish_marked`](RedisStore::finish_marked): never a later holder's.
+    pub(crate) async fn rollback_record(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+    ) -> Result<bool, Error> {
+        let mut inv = ROLLBACK.key(self.name(key, RECORD));
+        inv.key(self.name(key, RECORD_WRITER)).arg(owner.as_str());
+        let n: i64 = self
+            .with_conn(Operation::Release, Some(key), |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
     /// The acquire script, then (if it granted) `WAIT`, on a connection of
     /// their own: `WAIT` blocks the connection it runs on, and it must run
     /// where the grant was written (it counts that client's writes). The
@@ -717,7 +803,7 @@ impl RedisStore {
         w: WaitReplicas,
     ) -> Result<(i64, redis::Value, Option<i64>), Error> {
         let op = Operation::Acquire;
-        let bound = self.inner.timeout + w.timeout;
+        let bound = self.inner.timeout.saturating_add(w.timeout);
         let work = async {
             let idle = lock(&self.inner.wait_conns).pop();
             let mut conn = match idle {
@@ -737,7 +823,7 @@ impl RedisStore {
             let acked = if kind == 1 {
                 let n: i64 = redis::cmd("WAIT")
                     .arg(w.replicas)
-                    .arg(w.timeout.as_millis() as u64)
+                    .arg(ms(w.timeout))
                     .query_async(&mut conn)
                     .await
                     .map_err(fail)?;
@@ -787,6 +873,14 @@ impl RedisStore {
         }
     }
 
+    /// Test support: how many release channels the store's notifier keeps
+    /// (subscribed or wanted) and the capacity of its map; `(0, 0)` before
+    /// the first subscribe or without notifications.
+    #[doc(hidden)]
+    pub fn notification_channels(&self) -> (usize, usize) {
+        self.inner.notifier.get().map_or((0, 0), Notifier::channels)
+    }
+
     fn notifier(&self) -> Option<&Notifier> {
         let source = self.inner.pubsub.as_ref()?;
         Some(
@@ -801,8 +895,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The longest expiry written to Redis: about 100 years, far below what
+/// `PX` accepts (the server refuses an expiry past `i64::MAX` ms from now).
+const MAX_PX: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `d` in whole milliseconds for `PX`/`PEXPIRE`: at least 1, and at most
+/// [`MAX_PX`] (a longer lease or retention is that long).
 fn ms(d: Duration) -> u64 {
-    (d.as_millis() as u64).max(1)
+    (d.min(MAX_PX).as_millis() as u64).max(1)
 }
 
 fn timeout_error(op: Operation, key: Option<&LockKey>, after: Duration) -> Error {
@@ -854,19 +954,8 @@ impl LockStore for RedisStore {
         record: Bytes,
         retention: Duration,
     ) -> Result<bool, Error> {
-        let mut inv = FINISH.key(self.name(key, LOCK));
-        inv.key(self.name(key, RECORD))
-            .arg(owner.as_str())
-            .arg(record.as_ref())
-            .arg(ms(retention))
-            .arg(self.publish_command())
-            .arg(self.name(key, RELEASED));
-        let n: i64 = self
-            .with_conn(Operation::Release, Some(key), |mut c| async move {
-                inv.invoke_async(&mut c).await
-            })
-            .await?;
-        Ok(n == 1)
+        self.finish_script(key, owner, record, retention, false)
+            .await
     }
 
     async fn read_record(&self, key: &LockKey) -> Result<Option<Bytes>, Error> {
@@ -895,22 +984,25 @@ impl LockStore for RedisStore {
         Ok(n == 1)
     }
 
-    async fn extend_many(&self, renewals: &[Renewal]) -> Result<Vec<bool>, Error> {
+    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
         if renewals.is_empty() {
-            return Ok(Vec::new());
+            return Vec::new();
         }
         if let Source::Cluster(_) = self.inner.source {
             // Keys of a batch live in many slots: send the renewals at once
-            // on the cluster connection, which pipelines them per node.
-            let answers = futures_util::future::join_all(
+            // on the cluster connection, which pipelines them per node. Each
+            // answers for itself: a frozen node fails only its own keys.
+            return futures_util::future::join_all(
                 renewals
                     .iter()
                     .map(|r| self.extend(&r.key, &r.owner, r.lease)),
             )
             .await;
-            return answers.into_iter().collect();
         }
         let mut pipe = redis::pipe();
+        // One answer per command: a server error of one (a key of the wrong
+        // type) must not fail the others.
+        pipe.ignore_errors();
         for r in renewals {
             pipe.cmd("EVALSHA")
                 .arg(EXTEND.get_hash())
@@ -920,21 +1012,41 @@ impl LockStore for RedisStore {
                 .arg(ms(r.lease));
         }
         let key = (renewals.len() == 1).then(|| &renewals[0].key);
-        let answers: Vec<i64> = self
+        let no_script = |a: &redis::RedisResult<i64>| matches!(a, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript));
+        let answers: Vec<redis::RedisResult<i64>> = match self
             .with_conn(Operation::Extend, key, |mut c| async move {
-                match pipe.query_async(&mut c).await {
-                    Err(e)
-                        if e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                    {
-                        EXTEND.prepare_invoke().load_async(&mut c).await?;
-                        pipe.query_async(&mut c).await
-                    }
-                    other => other,
+                let answers: Vec<redis::RedisResult<i64>> = pipe.query_async(&mut c).await?;
+                if answers.iter().any(no_script) {
+                    EXTEND.prepare_invoke().load_async(&mut c).await?;
+                    return pipe.query_async(&mut c).await;
+                }
+                Ok(answers)
+            })
+            .await
+        {
+            Ok(answers) => answers,
+            // The connection failed or timed out: every lease on it.
+            Err(e) => return super::error_for_each(e, renewals),
+        };
+        if answers.len() != renewals.len() {
+            let e = Error::Unavailable {
+                op: Operation::Extend,
+                key: None,
+                source: "the renewal pipeline answered the wrong number of replies".into(),
+            };
+            return super::error_for_each(e, renewals);
+        }
+        answers
+            .into_iter()
+            .zip(renewals)
+            .map(|(a, r)| match a {
+                Ok(n) => Ok(n == 1),
+                Err(e) => {
+                    self.forget_connection_on(&e);
+                    Err(Error::from_redis(Operation::Extend, Some(&r.key), e))
                 }
             })
-            .await?;
-        Ok(answers.into_iter().map(|n| n == 1).collect())
+            .collect()
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {

@@ -22,6 +22,21 @@ use crate::{Error, FencingToken, LockKey, Operation, OwnerToken, RedisStore};
 ///   majority — the layer then fails closed);
 /// * renewals and releases go to every node; a renewal holds when a
 ///   majority extended;
+/// * an owner-checked write (extend, release, finish) answers `Ok(true)` on
+///   a majority of yes, `Ok(false)` ("not the owner") only when definite
+///   refusals leave no majority possible, and otherwise
+///   [`Error::Unavailable`]: the watchdog retries a renewal and the lease
+///   deadline decides, a release is retried by the guard. Each renewal of
+///   an [`extend_many`](LockStore::extend_many) batch is judged on its own;
+/// * a grant, or a finish, that does not count is undone on every node
+///   (owner-checked); nodes that did not answer are tried again in the
+///   background until the lease (for a finish, up to a minute) is over —
+///   a frozen node runs queued commands late;
+/// * a finish stores the record with its writer's owner token; one that
+///   misses its majority deletes the records it wrote (never a later
+///   holder's). [`read_record`](LockStore::read_record) replays a record
+///   only when a majority holds the same bytes, answers `None` when that
+///   is impossible, and `Unavailable` when too few nodes answered to tell;
 /// * waiters subscribe on every node and wake on any release.
 ///
 /// Give each node a short command timeout
@@ -32,7 +47,9 @@ use crate::{Error, FencingToken, LockKey, Operation, OwnerToken, RedisStore};
 ///
 /// Each node mints its own token (`max(last + 1, TIME µs)`); the grant's
 /// token is the largest of the majority's, written back to every granting
-/// node's counter. Any two majorities share a node, so tokens increase
+/// node's counter. The token counts only once a majority acknowledged the
+/// write-back; short of that the grant is undone and the acquire answers
+/// [`Error::Unavailable`]. Any two majorities share a node, so tokens increase
 /// *while a majority keeps its data*. They do not survive more than a
 /// minority losing state: a node restarted without persistence forgets its
 /// locks and counters, and must stay out of service for at least one
@@ -46,6 +63,9 @@ pub struct RedlockStore {
     nodes: Arc<[RedisStore]>,
     quorum: usize,
 }
+
+/// How long an undone finish keeps trying nodes that did not answer.
+const UNDO_FOR: Duration = Duration::from_secs(60);
 
 impl RedlockStore {
     /// Redlock over `nodes` (at least 1; use an odd number, 3 or 5).
@@ -83,6 +103,31 @@ impl RedlockStore {
         }
     }
 
+    /// The verdict on an owner-checked write (extend, release, finish)
+    /// from `yes` nodes that did it and `no` nodes that definitely refused
+    /// (not the owner): `true` on a quorum of yes, `false` only when the
+    /// refusals leave no quorum possible, and otherwise "unavailable" — too
+    /// few answers to tell; the caller retries and the lease deadline
+    /// decides.
+    fn verdict(&self, op: Operation, key: &LockKey, yes: usize, no: usize) -> Result<bool, Error> {
+        if yes >= self.quorum {
+            Ok(true)
+        } else if no > self.nodes.len() - self.quorum {
+            Ok(false)
+        } else {
+            Err(Error::Unavailable {
+                op,
+                key: Some(key.clone()),
+                source: format!(
+                    "{yes} of {} Redlock nodes agreed and {no} refused; {} needed either way",
+                    self.nodes.len(),
+                    self.quorum
+                )
+                .into(),
+            })
+        }
+    }
+
     async fn release_everywhere(
         &self,
         key: &LockKey,
@@ -90,6 +135,63 @@ impl RedlockStore {
     ) -> Vec<Result<bool, Error>> {
         join_all(self.nodes.iter().map(|n| n.release(key, owner))).await
     }
+
+    /// Undoes a grant (or a finish, with `rollback`) that did not count:
+    /// owner-checked, on every node, now; nodes that did not answer are
+    /// tried again in the background until they do or `until` passes (a
+    /// frozen node keeps the lock, or runs a queued finish late, after it
+    /// is back — and a client may not even send a command queued behind one
+    /// that timed out).
+    async fn undo(&self, key: &LockKey, owner: &OwnerToken, rollback: bool, until: Instant) {
+        let undo_on = |node: &RedisStore| {
+            let (key, owner) = (key.clone(), owner.clone());
+            let node = node.clone();
+            async move {
+                if rollback {
+                    node.rollback_record(&key, &owner).await?;
+                }
+                node.release(&key, &owner).await
+            }
+        };
+        let answers = join_all(self.nodes.iter().map(undo_on)).await;
+        let mut pending: Vec<RedisStore> = self
+            .nodes
+            .iter()
+            .zip(&answers)
+            .filter(|(_, a)| a.is_err())
+            .map(|(n, _)| n.clone())
+            .collect();
+        if pending.is_empty() || Instant::now() >= until {
+            return;
+        }
+        let (key, owner) = (key.clone(), owner.clone());
+        tokio::spawn(async move {
+            let mut pause = Duration::from_millis(50);
+            while !pending.is_empty() && Instant::now() < until {
+                tokio::time::sleep(pause.min(until.saturating_duration_since(Instant::now())))
+                    .await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+                let answers = join_all(pending.iter().map(|node| async {
+                    if rollback {
+                        node.rollback_record(&key, &owner).await?;
+                    }
+                    node.release(&key, &owner).await
+                }))
+                .await;
+                let mut answers = answers.iter();
+                pending.retain(|_| answers.next().is_some_and(Result::is_err));
+            }
+        });
+    }
+}
+
+/// How many answers are `Ok(true)` and how many `Ok(false)`.
+fn tally<'a>(answers: impl IntoIterator<Item = &'a Result<bool, Error>>) -> (usize, usize) {
+    answers.into_iter().fold((0, 0), |(yes, no), a| match a {
+        Ok(true) => (yes + 1, no),
+        Ok(false) => (yes, no + 1),
+        Err(_) => (yes, no),
+    })
 }
 
 impl LockStore for RedlockStore {
@@ -123,17 +225,34 @@ impl LockStore for RedlockStore {
                 .max()
                 .unwrap_or(FencingToken::new(0));
             // Write the token back so the next majority, which shares a node
-            // with this one, mints a larger one.
-            join_all(
+            // with this one, mints a larger one. The token counts only once
+            // a quorum holds a counter at least as large.
+            let acks = join_all(
                 granted
                     .iter()
                     .map(|&(i, _)| self.nodes[i].raise_fence(key, token)),
             )
-            .await;
-            return Ok(AcquireOutcome::Granted(token));
+            .await
+            .iter()
+            .filter(|a| a.is_ok())
+            .count();
+            if acks >= self.quorum {
+                return Ok(AcquireOutcome::Granted(token));
+            }
+            self.undo(key, owner, false, start + lease).await;
+            return Err(Error::Unavailable {
+                op: Operation::Acquire,
+                key: Some(key.clone()),
+                source: format!(
+                    "the fencing token reached only {acks} of {} Redlock nodes; {} needed",
+                    self.nodes.len(),
+                    self.quorum
+                )
+                .into(),
+            });
         }
         // No majority (or no time left): undo everywhere, owner-checked.
-        self.release_everywhere(key, owner).await;
+        self.undo(key, owner, false, start + lease).await;
         if granted.len() + held.len() < self.quorum {
             return Err(self.no_quorum(Operation::Acquire, key, granted.len() + held.len()));
         }
@@ -149,47 +268,26 @@ impl LockStore for RedlockStore {
         lease: Duration,
     ) -> Result<bool, Error> {
         let answers = join_all(self.nodes.iter().map(|n| n.extend(key, owner, lease))).await;
-        let ok = answers.iter().filter(|a| matches!(a, Ok(true))).count();
-        let answered = answers.iter().filter(|a| a.is_ok()).count();
-        if ok >= self.quorum {
-            Ok(true)
-        } else if answered >= self.quorum {
-            Ok(false)
-        } else {
-            Err(self.no_quorum(Operation::Extend, key, answered))
-        }
+        let (yes, no) = tally(&answers);
+        self.verdict(Operation::Extend, key, yes, no)
     }
 
-    async fn extend_many(&self, renewals: &[Renewal]) -> Result<Vec<bool>, Error> {
+    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
         let per_node = join_all(self.nodes.iter().map(|n| n.extend_many(renewals))).await;
-        let answered = per_node.iter().filter(|a| a.is_ok()).count();
-        let mut ok = vec![0usize; renewals.len()];
-        for answers in per_node.iter().flatten() {
-            for (count, &extended) in ok.iter_mut().zip(answers) {
-                *count += usize::from(extended);
-            }
-        }
-        if answered < self.quorum && ok.iter().any(|&n| n < self.quorum) {
-            return Err(Error::Unavailable {
-                op: Operation::Extend,
-                key: None,
-                source: format!(
-                    "only {answered} of {} Redlock nodes answered",
-                    self.nodes.len()
-                )
-                .into(),
-            });
-        }
-        Ok(ok.into_iter().map(|n| n >= self.quorum).collect())
+        renewals
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let (yes, no) = tally(per_node.iter().filter_map(|answers| answers.get(i)));
+                self.verdict(Operation::Extend, &r.key, yes, no)
+            })
+            .collect()
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
         let answers = self.release_everywhere(key, owner).await;
-        let released = answers.iter().filter(|a| matches!(a, Ok(true))).count();
-        if released == 0 && answers.iter().all(|a| a.is_err()) {
-            return Err(self.no_quorum(Operation::Release, key, 0));
-        }
-        Ok(released >= self.quorum)
+        let (yes, no) = tally(&answers);
+        self.verdict(Operation::Release, key, yes, no)
     }
 
     async fn finish(
@@ -202,25 +300,40 @@ impl LockStore for RedlockStore {
         let answers = join_all(
             self.nodes
                 .iter()
-                .map(|n| n.finish(key, owner, record.clone(), retention)),
+                .map(|n| n.finish_marked(key, owner, record.clone(), retention)),
         )
         .await;
-        let stored = answers.iter().filter(|a| matches!(a, Ok(true))).count();
-        if stored < self.quorum {
-            // Not on a majority: take the lock down everywhere; the record
-            // may survive on a minority, where reads still find it.
-            self.release_everywhere(key, owner).await;
+        let (yes, no) = tally(&answers);
+        if yes < self.quorum {
+            // Not on a majority: take back the record wherever it may have
+            // been written (owner-checked: never a later holder's), and the
+            // lock with it. Nodes that do not answer are tried again for a
+            // while: one may run the queued finish late.
+            self.undo(key, owner, true, Instant::now() + retention.min(UNDO_FOR))
+                .await;
         }
-        Ok(stored >= self.quorum)
+        self.verdict(Operation::Release, key, yes, no)
     }
 
     async fn read_record(&self, key: &LockKey) -> Result<Option<Bytes>, Error> {
         let answers = join_all(self.nodes.iter().map(|n| n.read_record(key))).await;
         let answered = answers.iter().filter(|a| a.is_ok()).count();
-        if let Some(found) = answers.iter().flatten().flatten().next() {
-            return Ok(Some(found.clone()));
+        // A record counts only where a quorum holds it (a finish that
+        // missed its quorum is no completed work). The same bytes on a
+        // quorum: replay them. Every record missing from more nodes than a
+        // quorum allows: none. Otherwise too few nodes answered to tell.
+        let found: Vec<&Bytes> = answers.iter().flatten().flatten().collect();
+        let mut undecided = false;
+        for candidate in &found {
+            let holders = found.iter().filter(|r| **r == *candidate).count();
+            if holders >= self.quorum {
+                return Ok(Some((*candidate).clone()));
+            }
+            if answered - holders <= self.nodes.len() - self.quorum {
+                undecided = true;
+            }
         }
-        if answered < self.quorum {
+        if undecided || answered <= self.nodes.len() - self.quorum {
             return Err(self.no_quorum(Operation::Acquire, key, answered));
         }
         Ok(None)

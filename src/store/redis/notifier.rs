@@ -87,6 +87,7 @@ impl PubSubSource {
 
 pub(super) struct Notifier {
     cmds: mpsc::UnboundedSender<Cmd>,
+    channels: Channels,
 }
 
 enum Cmd {
@@ -96,16 +97,28 @@ enum Cmd {
 
 /// A waiter's answer: the channel's counter, or `None` when the server has
 /// no pub/sub for us (waiters poll).
-type Answer = Result<Option<watch::Receiver<u64>>, Error>;
+type Answer = Result<Option<Subscription>, Error>;
+
+/// A subscription handed to a waiter. It carries its own unsubscribe
+/// guard from the moment it is sent, so a waiter that leaves after the
+/// answer was sent but before it read it (the answer is dropped unread in
+/// the oneshot) still gives the channel back.
+struct Subscription {
+    // Dropped before the guard: the task must find no receiver left.
+    rx: watch::Receiver<u64>,
+    guard: Unsubscribe,
+}
 
 impl Notifier {
     pub(super) fn spawn(source: PubSubSource, timeout: Duration) -> Notifier {
         let (cmds, cmds_rx) = mpsc::unbounded_channel();
         let (events, events_rx) = mpsc::unbounded_channel();
+        let channels: Channels = Arc::default();
         let task = Task {
             source,
             timeout,
-            channels: Arc::default(),
+            cmds: cmds.downgrade(),
+            channels: channels.clone(),
             conn: None,
             generation: 0,
             events,
@@ -114,7 +127,14 @@ impl Notifier {
             polling: false,
         };
         tokio::spawn(task.run(cmds_rx, events_rx));
-        Notifier { cmds }
+        Notifier { cmds, channels }
+    }
+
+    /// How many channels the notifier keeps (subscribed, or wanted), and
+    /// the capacity of its map.
+    pub(super) fn channels(&self) -> (usize, usize) {
+        let map = lock(&self.channels);
+        (map.len(), map.capacity())
     }
 
     /// Subscribes to `channel`, `key`'s release channel; answers once the
@@ -129,10 +149,7 @@ impl Notifier {
             .send(Cmd::Subscribe(channel.clone(), key.clone(), reply))
             .map_err(|_| notifier_gone(key))?;
         match answer.await.map_err(|_| notifier_gone(key))?? {
-            Some(rx) => Ok(ReleaseWatch::new(rx).with_guard(Unsubscribe {
-                cmds: self.cmds.clone(),
-                channel: Some(channel),
-            })),
+            Some(Subscription { rx, guard }) => Ok(ReleaseWatch::new(rx).with_guard(guard)),
             None => Ok(ReleaseWatch::never()),
         }
     }
@@ -185,6 +202,14 @@ fn wake(channels: &Channels, name: &str) -> bool {
             true
         }
         None => false,
+    }
+}
+
+/// Gives memory back after a burst of distinct keys: the map keeps at
+/// most four times the room its channels need.
+fn shrink(map: &mut HashMap<String, Channel>) {
+    if map.capacity() > 64 && map.len() * 4 < map.capacity() {
+        map.shrink_to(map.len() * 2);
     }
 }
 
@@ -365,6 +390,9 @@ struct Waiter {
 struct Task {
     source: PubSubSource,
     timeout: Duration,
+    /// For the unsubscribe guards of answers (weak: the task ends when the
+    /// store's notifier is dropped).
+    cmds: mpsc::WeakUnboundedSender<Cmd>,
     channels: Channels,
     conn: Option<Connection>,
     /// Of `conn`; events of older connections are stale.
@@ -501,6 +529,7 @@ impl Task {
                     gone.push(channel);
                 }
             }
+            shrink(&mut map);
         }
         if let Some(c) = &mut self.conn
             && !gone.is_empty()
@@ -563,13 +592,35 @@ impl Task {
             let answer = if self.polling {
                 Ok(None)
             } else {
-                match all_failed.as_ref().or(failed.get(&w.channel)) {
-                    Some(f) => Err(f.clone().into_error(&w.key, self.timeout)),
-                    None => Ok(Some(w.rx)),
+                match (
+                    all_failed.as_ref().or(failed.get(&w.channel)),
+                    self.cmds.upgrade(),
+                ) {
+                    (Some(f), _) => Err(f.clone().into_error(&w.key, self.timeout)),
+                    (None, Some(cmds)) => Ok(Some(Subscription {
+                        rx: w.rx,
+                        guard: Unsubscribe {
+                            cmds,
+                            channel: Some(w.channel.clone()),
+                        },
+                    })),
+                    // The store is gone: nobody can wait any more.
+                    (None, None) => Err(Error::Unavailable {
+                        op: Operation::Subscribe,
+                        key: Some(w.key.clone()),
+                        source: "the store was dropped".into(),
+                    }),
                 }
             };
-            if w.reply.send(answer).is_err() {
-                gave_up.push(w.channel);
+            // A waiter gone before its answer: the answer comes back and is
+            // dropped here, its guard (if any) unsubscribing; the channel is
+            // also forgotten directly, in case the answer had no guard.
+            if let Err(answer) = w.reply.send(answer) {
+                let had_guard = matches!(answer, Ok(Some(_)));
+                drop(answer);
+                if !had_guard {
+                    gave_up.push(w.channel);
+                }
             }
         }
         // Waiters that left before their answer came take no guard along.
@@ -577,6 +628,7 @@ impl Task {
         let mut map = lock(&self.channels);
         // Channels whose only would-be waiters were just refused.
         map.retain(|_, c| c.state == State::Live || c.tx.receiver_count() > 0);
+        shrink(&mut map);
         // Lost ones that someone still waits on are tried again later.
         if map.values().any(|c| c.state != State::Live) {
             self.retry_at = Some(Instant::now() + self.backoff);

@@ -1,0 +1,342 @@
+//! Redlock safety on real, independent `redis-server` processes (issue 10,
+//! #3 and #8): fencing tokens never go backwards across majorities that
+//! differ, a token that does not reach a quorum is no grant, and node
+//! errors are never turned into "not the owner".
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use support::topology::start_independent;
+use support::{RedisServer, eventually, stores};
+use tower_redis_lock::{
+    AcquireOutcome, Error, FencingToken, LockKey, LockStore, OwnerToken, RedlockStore, Renewal,
+};
+
+/// Far above Redis `TIME` in µs (about 1.8e15 today), below 2^53 so the
+/// acquire script's arithmetic stays exact.
+const AHEAD: u64 = 5_000_000_000_000_000;
+const LEASE: Duration = Duration::from_secs(30);
+
+fn key(id: &str) -> LockKey {
+    LockKey::new("redlock-safety", id).unwrap()
+}
+
+fn granted(outcome: Result<AcquireOutcome, Error>) -> FencingToken {
+    match outcome {
+        Ok(AcquireOutcome::Granted(t)) => t,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+fn unavailable<T: std::fmt::Debug>(answer: Result<T, Error>) {
+    match answer {
+        Err(Error::Unavailable { .. }) => {}
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+/// Keeps `node` out of the next majority: someone else holds the lock
+/// there, so it answers "held" and mints nothing.
+fn occupy(store: &RedlockStore, servers: &[RedisServer], node: usize, k: &LockKey) {
+    let lock = store.nodes()[node].lock_key(k);
+    servers[node].cmd(&["SET", &lock, "someone-else", "PX", "60000"]);
+}
+
+fn vacate(store: &RedlockStore, servers: &[RedisServer], node: usize, k: &LockKey) {
+    servers[node].cmd(&["DEL", &store.nodes()[node].lock_key(k)]);
+}
+
+/// Two of three nodes have a fencing counter far ahead. Grants by the
+/// majorities {0,1}, {0,2}, {1,2} and then all three must give strictly
+/// increasing tokens: the grant's token is the largest of its majority
+/// (not the smallest) and is written back to every granting node (without
+/// the write-back, {1,2} would mint the token {0,2} already gave out).
+#[tokio::test]
+async fn tokens_increase_across_grants_whose_majorities_differ() {
+    let servers = start_independent(3);
+    let store = stores::redlock_over(&servers, Duration::from_millis(500));
+    let k = key("majorities");
+    for node in [0, 1] {
+        let fence = store.nodes()[node].fence_key(&k);
+        servers[node].cmd(&["SET", &fence, &AHEAD.to_string()]);
+    }
+    let mut tokens = Vec::new();
+    for excluded in [Some(2), Some(1), Some(0), None] {
+        if let Some(n) = excluded {
+            occupy(&store, &servers, n, &k);
+        }
+        let owner = OwnerToken::generate();
+        tokens.push(granted(store.acquire(&k, &owner, LEASE).await));
+        assert!(store.release(&k, &owner).await.unwrap());
+        if let Some(n) = excluded {
+            vacate(&store, &servers, n, &k);
+        }
+    }
+    for pair in tokens.windows(2) {
+        assert!(
+            pair[1] > pair[0],
+            "tokens went backwards or repeated: {tokens:?}"
+        );
+    }
+    assert!(tokens[0].get() > AHEAD, "{tokens:?}");
+}
+
+/// The write-back of the token reaches only one node of five (three are
+/// frozen between the grant and the write-back, while the acquire still
+/// waits for a fifth, frozen node): the acquire answers Unavailable and,
+/// once the nodes are back, nothing is left locked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_back_short_of_a_quorum_is_no_grant() {
+    let servers = start_independent(5);
+    // A long timeout: the frozen fifth node holds the acquire back that
+    // long after the other four granted.
+    let store = stores::redlock_over(&servers, Duration::from_millis(1500));
+    let k = key("write-back");
+    let owner = OwnerToken::generate();
+    servers[4].freeze();
+    let acquire = tokio::spawn({
+        let (store, k, owner) = (store.clone(), k.clone(), owner.clone());
+        async move { store.acquire(&k, &owner, LEASE).await }
+    });
+    let locks: Vec<String> = store.nodes().iter().map(|n| n.lock_key(&k)).collect();
+    let granted_on_four = eventually(Duration::from_secs(10), async || {
+        (0..4).all(|i| servers[i].cmd(&["EXISTS", &locks[i]]).as_int() == Some(1))
+    })
+    .await;
+    assert!(granted_on_four);
+    assert!(
+        !acquire.is_finished(),
+        "the acquire did not wait for node 4"
+    );
+    for s in &servers[1..4] {
+        s.freeze();
+    }
+    unavailable(acquire.await.unwrap());
+    for s in &servers[1..] {
+        s.thaw();
+    }
+    let unlocked = eventually(Duration::from_secs(10), async || {
+        (0..5).all(|i| servers[i].cmd(&["EXISTS", &locks[i]]).as_int() == Some(0))
+    })
+    .await;
+    assert!(
+        unlocked,
+        "a lock was left behind: {:?}",
+        (0..5)
+            .map(|i| servers[i].cmd(&["PTTL", &locks[i]]).as_int())
+            .collect::<Vec<_>>()
+    );
+    let other = OwnerToken::generate();
+    granted(store.acquire(&k, &other, LEASE).await);
+}
+
+/// Five nodes, three frozen: a release cannot tell whether it released,
+/// so it says Unavailable (the guard retries), never "not the owner".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_without_a_quorum_of_answers_is_unavailable() {
+    let servers = start_independent(5);
+    let store = stores::redlock_over(&servers, Duration::from_millis(100));
+    let k = key("release");
+    let owner = OwnerToken::generate();
+    granted(store.acquire(&k, &owner, LEASE).await);
+    for s in &servers[2..] {
+        s.freeze();
+    }
+    unavailable(store.release(&k, &owner).await);
+    for s in &servers[2..] {
+        s.thaw();
+    }
+    // A definite answer once they are back: released, or (the frozen
+    // nodes ran the queued release first) no longer ours anywhere.
+    let answered = support::eventually_some(Duration::from_secs(10), async || {
+        store.release(&k, &owner).await.ok()
+    })
+    .await;
+    assert!(answered.is_some());
+}
+
+/// Two nodes refuse (another owner), two are frozen, one extends: too few
+/// answers to call the lease lost. Unavailable, so the watchdog retries and
+/// the deadline decides; with three refusals it is definitely lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_with_errors_and_refusals_is_not_a_loss() {
+    let servers = start_independent(5);
+    let store = stores::redlock_over(&servers, Duration::from_millis(100));
+    let k = key("extend");
+    let owner = OwnerToken::generate();
+    granted(store.acquire(&k, &owner, LEASE).await);
+    for node in [0, 1] {
+        occupy(&store, &servers, node, &k);
+    }
+    servers[3].freeze();
+    servers[4].freeze();
+    unavailable(store.extend(&k, &owner, LEASE).await);
+    let many = store
+        .extend_many(&[Renewal {
+            key: k.clone(),
+            owner: owner.clone(),
+            lease: LEASE,
+        }])
+        .await;
+    assert_eq!(many.len(), 1);
+    unavailable(many.into_iter().next().unwrap());
+    servers[3].thaw();
+    servers[4].thaw();
+
+    occupy(&store, &servers, 2, &k);
+    assert!(!store.extend(&k, &owner, LEASE).await.unwrap());
+}
+
+/// A finish that reaches two nodes of five is no completed work: it says
+/// Unavailable, takes back what it stored on the two at once, and once the
+/// nodes are back no record is replayed — nor from the three frozen ones
+/// that may run the queued finish late (the rollback is retried there until
+/// they answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_short_of_a_quorum_leaves_no_replayable_record() {
+    let servers = start_independent(5);
+    let store = stores::redlock_over(&servers, Duration::from_millis(100));
+    let k = key("finish");
+    let owner = OwnerToken::generate();
+    granted(store.acquire(&k, &owner, LEASE).await);
+    for s in &servers[2..] {
+        s.freeze();
+    }
+    unavailable(
+        store
+            .finish(
+                &k,
+                &owner,
+                Bytes::from_static(b"done"),
+                Duration::from_secs(60),
+            )
+            .await,
+    );
+    for s in &servers[2..] {
+        s.thaw();
+    }
+    let records: Vec<String> = store.nodes().iter().map(|n| n.record_key(&k)).collect();
+    let locks: Vec<String> = store.nodes().iter().map(|n| n.lock_key(&k)).collect();
+    let clean = eventually(Duration::from_secs(10), async || {
+        (0..5).all(|i| {
+            servers[i].cmd(&["EXISTS", &records[i]]).as_int() == Some(0)
+                && servers[i].cmd(&["EXISTS", &locks[i]]).as_int() == Some(0)
+        })
+    })
+    .await;
+    assert!(
+        clean,
+        "a record or lock was left behind: {:?}",
+        (0..5)
+            .map(|i| (
+                servers[i].cmd(&["PTTL", &records[i]]).as_int(),
+                servers[i].cmd(&["PTTL", &locks[i]]).as_int()
+            ))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(store.read_record(&k).await.unwrap(), None);
+    let other = OwnerToken::generate();
+    granted(store.acquire_or_replay(&k, &other, LEASE).await);
+}
+
+/// Three of five nodes are down (stopped, so no late finish): the finish
+/// says Unavailable and takes its record back from the two that stored it,
+/// owner-checked; reads cannot tell with two nodes; once the three are back
+/// (empty) there is no record and the key can be taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_on_a_minority_takes_its_record_back() {
+    let mut servers = start_independent(5);
+    let store = stores::redlock_over(&servers, Duration::from_millis(200));
+    let k = key("finish-stopped");
+    let owner = OwnerToken::generate();
+    granted(store.acquire(&k, &owner, LEASE).await);
+    for s in &mut servers[2..] {
+        s.stop();
+    }
+    unavailable(
+        store
+            .finish(
+                &k,
+                &owner,
+                Bytes::from_static(b"done"),
+                Duration::from_secs(60),
+            )
+            .await,
+    );
+    for i in [0, 1] {
+        let record = store.nodes()[i].record_key(&k);
+        let lock = store.nodes()[i].lock_key(&k);
+        assert_eq!(
+            servers[i].cmd(&["EXISTS", &record, &lock]).as_int(),
+            Some(0)
+        );
+    }
+    unavailable(store.read_record(&k).await);
+    for s in &mut servers[2..] {
+        s.restart();
+    }
+    assert_eq!(store.read_record(&k).await.unwrap(), None);
+    let other = OwnerToken::generate();
+    let token = support::eventually_some(Duration::from_secs(10), async || {
+        match store.acquire_or_replay(&k, &other, LEASE).await {
+            Ok(AcquireOutcome::Granted(t)) => Some(t),
+            Ok(other) => panic!("{other:?}"),
+            Err(_) => None,
+        }
+    })
+    .await;
+    assert!(token.is_some());
+}
+
+/// A record counts only where a quorum holds it: on two nodes of five
+/// (what a failed finish whose rollback was lost leaves) it is no record;
+/// with two of the other three frozen nobody can tell; on three it is one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_on_a_minority_is_not_replayed() {
+    let servers = start_independent(5);
+    let store = stores::redlock_over(&servers, Duration::from_millis(100));
+    let k = key("minority");
+    let records: Vec<String> = store.nodes().iter().map(|n| n.record_key(&k)).collect();
+    for i in [0, 1] {
+        servers[i].cmd(&["SET", &records[i], "stale"]);
+    }
+    assert_eq!(store.read_record(&k).await.unwrap(), None);
+    let owner = OwnerToken::generate();
+    granted(store.acquire_or_replay(&k, &owner, LEASE).await);
+    assert!(store.release(&k, &owner).await.unwrap());
+
+    servers[3].freeze();
+    servers[4].freeze();
+    unavailable(store.read_record(&k).await);
+    servers[3].thaw();
+    servers[4].thaw();
+
+    servers[2].cmd(&["SET", &records[2], "stale"]);
+    assert_eq!(
+        store.read_record(&k).await.unwrap(),
+        Some(Bytes::from_static(b"stale"))
+    );
+}
+
+/// A finish that definitely lost its lock (refused on a majority) is
+/// still `Ok(false)`, and a plain release of a lock nobody holds is too.
+#[tokio::test]
+async fn definite_refusals_are_still_false() {
+    let (store, servers) = stores::redlock(5);
+    let k = key("refused");
+    let owner = OwnerToken::generate();
+    granted(store.acquire(&k, &owner, LEASE).await);
+    for node in [0, 1, 2] {
+        occupy(&store, &servers, node, &k);
+    }
+    assert!(
+        !store
+            .finish(&k, &owner, Bytes::from_static(b"x"), Duration::from_secs(5))
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.read_record(&k).await.unwrap(), None);
+    assert!(!store.release(&k, &owner).await.unwrap());
+}
