@@ -146,6 +146,28 @@ async fn the_hold_cap_stops_renewals_without_spinning() {
     ));
 }
 
+/// A renewal is worth sending only if it can outlast its own drift margin:
+/// once the cap leaves less than two drifts (here 0.5 s against a drift of
+/// 0.302 s), the watchdog sends nothing more and the lease runs out.
+#[tokio::test(start_paused = true)]
+async fn no_renewal_is_sent_once_the_cap_leaves_less_than_two_drifts() {
+    let store = Stalling::default();
+    let locker = Locker::builder(store.clone())
+        .lease(Duration::from_secs(30))
+        .max_hold(Duration::from_millis(90_500))
+        .build()
+        .unwrap();
+    let g = locker.acquire(&key("cap-margin")).await.unwrap();
+    let start = Instant::now();
+    tokio::time::timeout(Duration::from_secs(200), g.lost())
+        .await
+        .expect("the lease outlived its cap");
+    // Renewals at 10, 20, …, 80 s; at 90 s only 0.5 s of the cap is left.
+    assert_eq!(store.batches.load(Ordering::SeqCst), 8);
+    // The 80 s renewal asked for the 10.5 s left, valid for 10.5 s − drift.
+    assert_eq!(start.elapsed(), Duration::from_millis(90_198));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_waiter_polls_no_more_often_than_the_poll_interval() {
     let store = Stalling::default();
