@@ -143,17 +143,12 @@ impl RedlockStore {
     /// is back — and a client may not even send a command queued behind one
     /// that timed out).
     async fn undo(&self, key: &LockKey, owner: &OwnerToken, rollback: bool, until: Instant) {
-        let undo_on = |node: &RedisStore| {
-            let (key, owner) = (key.clone(), owner.clone());
-            let node = node.clone();
-            async move {
-                if rollback {
-                    node.rollback_record(&key, &owner).await?;
-                }
-                node.release(&key, &owner).await
-            }
-        };
-        let answers = join_all(self.nodes.iter().map(undo_on)).await;
+        let answers = join_all(
+            self.nodes
+                .iter()
+                .map(|node| undo_node(node, key, owner, rollback)),
+        )
+        .await;
         let mut pending: Vec<RedisStore> = self
             .nodes
             .iter()
@@ -171,18 +166,31 @@ impl RedlockStore {
                 tokio::time::sleep(pause.min(until.saturating_duration_since(Instant::now())))
                     .await;
                 pause = (pause * 2).min(Duration::from_secs(1));
-                let answers = join_all(pending.iter().map(|node| async {
-                    if rollback {
-                        node.rollback_record(&key, &owner).await?;
-                    }
-                    node.release(&key, &owner).await
-                }))
+                let answers = join_all(
+                    pending
+                        .iter()
+                        .map(|node| undo_node(node, &key, &owner, rollback)),
+                )
                 .await;
                 let mut answers = answers.iter();
                 pending.retain(|_| answers.next().is_some_and(Result::is_err));
             }
         });
     }
+}
+
+/// Undoes a grant on one node (owner-checked): takes back the record it
+/// may have written first, with `rollback`, then releases the lock.
+async fn undo_node(
+    node: &RedisStore,
+    key: &LockKey,
+    owner: &OwnerToken,
+    rollback: bool,
+) -> Result<bool, Error> {
+    if rollback {
+        node.rollback_record(key, owner).await?;
+    }
+    node.release(key, owner).await
 }
 
 /// How many answers are `Ok(true)` and how many `Ok(false)`.
