@@ -28,8 +28,11 @@ pub use locker::{
 };
 pub use record::Record;
 pub use store::{
-    AcquireOutcome, LockStore, ReleaseWatch, Renewal, memory::MemoryStore, redis::RedisStore,
-    redis::ReplicaShortfall, redlock::RedlockStore,
+    AcquireOutcome, LockStore, ReleaseWatch, Renewal,
+    memory::MemoryStore,
+    redis::RedisStore,
+    redis::{EvictionCheck, ReplicaShortfall},
+    redlock::RedlockStore,
 };
 pub use token::{FencingToken, OwnerToken};
 

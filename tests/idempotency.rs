@@ -8,6 +8,7 @@
 //! running handler) runs on Redis only.
 
 mod support;
+use support::stores::redis_name;
 
 use support::http::{Reply, join, send, spawn_send};
 
@@ -568,8 +569,8 @@ async fn a_holder_whose_lock_was_stolen_cannot_store_its_record() {
     // the new one has finished: either way its answer is not stored, and it
     // neither frees the new holder's lock nor overwrites its record.
     for (id, loser_first) in [("a", true), ("b", false)] {
-        let lock = format!("trl:{{stolen:{id}}}:lock");
-        let record = format!("trl:{{stolen:{id}}}:record");
+        let lock = redis_name("stolen", id, "lock");
+        let record = redis_name("stolen", id, "record");
         let runs = handler.runs();
 
         let old = spawn_send(&app, req(id, "hold", "{}"));

@@ -8,6 +8,7 @@
 //! the body ends) is one suite run against every store: `tests/layer_stores.rs`.
 
 mod support;
+use support::stores::redis_name;
 
 use support::http::{Gate, Reply, join, post_to, read, send, spawn_send};
 
@@ -614,9 +615,17 @@ async fn losing_the_lock_aborts_the_handler_with_503_when_asked() {
     let task = spawn_send(&app, post_to("/jobs/a"));
     timeout(LIMIT, started.recv()).await.unwrap().unwrap();
     // Renewed every lease/3: the key stays until we delete it.
-    assert_eq!(redis_lock_keys(&server), vec!["trl:{jobs:a}:lock"]);
+    assert_eq!(
+        redis_lock_keys(&server),
+        vec![&redis_name("jobs", "a", "lock")]
+    );
     assert!(!dropped.load(Ordering::SeqCst));
-    assert_eq!(server.cmd(&["DEL", "trl:{jobs:a}:lock"]).as_int(), Some(1));
+    assert_eq!(
+        server
+            .cmd(&["DEL", &redis_name("jobs", "a", "lock")])
+            .as_int(),
+        Some(1)
+    );
 
     let r = join(task).await;
     let v = r.problem(StatusCode::SERVICE_UNAVAILABLE);
@@ -657,7 +666,12 @@ async fn losing_the_lock_reaches_a_handler_that_keeps_running() {
 
     let task = spawn_send(&app, post_to("/jobs/b"));
     timeout(LIMIT, started.recv()).await.unwrap().unwrap();
-    assert_eq!(server.cmd(&["DEL", "trl:{jobs:b}:lock"]).as_int(), Some(1));
+    assert_eq!(
+        server
+            .cmd(&["DEL", &redis_name("jobs", "b", "lock")])
+            .as_int(),
+        Some(1)
+    );
     let r = join(task).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(r.text(), "lost=true held=false");

@@ -3,6 +3,7 @@
 //! cancellation, key growth.
 
 mod support;
+use support::stores::redis_name;
 
 use std::time::Duration;
 
@@ -53,19 +54,34 @@ async fn keys_share_one_hash_tag_and_carry_the_value_we_expect() {
     let l = locker(&server, 10_000, 0);
     let k = LockKey::new("orders", "ord_1").unwrap();
     let g = l.acquire(&k).await.unwrap();
+    // The layout README documents, spelt out: the hash tag is the namespace
+    // and the lock's fencing bucket (32-bit FNV-1a of `orders:ord_1`, modulo
+    // 1,024, is 0x2b1); the counter is the bucket's.
     assert_eq!(
         server.keys(),
-        vec!["trl:{orders:ord_1}:fence", "trl:{orders:ord_1}:lock"]
+        vec!["trl:{orders:2b1}:fence", "trl:{orders:2b1}:ord_1:lock"]
+    );
+    assert_eq!(
+        redis_name("orders", "ord_1", "lock"),
+        "trl:{orders:2b1}:ord_1:lock"
+    );
+    assert_eq!(
+        redis_name("orders", "ord_1", "released"),
+        "trl:{orders:2b1}:ord_1:released"
+    );
+    assert_eq!(
+        redis_name("orders", "42", "lock"),
+        "trl:{orders:170}:42:lock"
     );
     let value = server
-        .cmd(&["GET", "trl:{orders:ord_1}:lock"])
+        .cmd(&["GET", &redis_name("orders", "ord_1", "lock")])
         .as_string()
         .unwrap();
     // The lock holds the owner token; the counter the holder's token.
     assert_eq!(value.len(), 32);
     assert!(value.bytes().all(|b| b.is_ascii_hexdigit()));
     let counter = server
-        .cmd(&["GET", "trl:{orders:ord_1}:fence"])
+        .cmd(&["GET", &redis_name("orders", "ord_1", "fence")])
         .as_string()
         .unwrap();
     assert_eq!(counter, g.fencing_token().to_string());
@@ -96,7 +112,7 @@ async fn a_waiter_is_woken_by_the_release_notification_not_by_polling() {
         tokio::spawn(async move { l.acquire(&k).await.unwrap() })
     };
     // Wait until the waiter has subscribed before releasing.
-    let channel = "trl:{engine:wake}:released";
+    let channel = &redis_name("engine", "wake", "released");
     assert!(
         eventually(Duration::from_secs(5), async || {
             subscribers(&server, channel) == 1
@@ -151,7 +167,7 @@ async fn local_waiters_ask_the_store_nothing_while_the_lock_is_held_here() {
     let first = spawn_waiter();
     assert!(
         eventually(Duration::from_secs(5), async || {
-            subscribers(&server, "trl:{engine:here}:released") == 1
+            subscribers(&server, &redis_name("engine", "here", "released")) == 1
         })
         .await
     );
@@ -204,7 +220,7 @@ async fn many_waiters_share_one_pubsub_connection() {
     }
     assert!(
         eventually(Duration::from_secs(5), async || {
-            subscribers(&server, "trl:{engine:shared-4}:released") == 1
+            subscribers(&server, &redis_name("engine", "shared-4", "released")) == 1
         })
         .await,
         "one subscription per channel, however many waiters"
@@ -225,7 +241,7 @@ async fn loss_is_reported_when_the_key_is_deleted_behind_the_holder() {
     let server = RedisServer::start();
     let l = locker(&server, 300, 0);
     let g = l.acquire(&key("deleted")).await.unwrap();
-    server.cmd(&["DEL", "trl:{engine:deleted}:lock"]);
+    server.cmd(&["DEL", &redis_name("engine", "deleted", "lock")]);
     timeout(Duration::from_secs(5), g.lost())
         .await
         .expect("loss not reported");
@@ -240,7 +256,13 @@ async fn loss_is_reported_when_the_key_is_overwritten_by_another_owner() {
     let l = locker(&server, 300, 0);
     let g = l.acquire(&key("stolen")).await.unwrap();
     let thief = format!("{}:{}", "f".repeat(32), g.fencing_token().get() + 1);
-    server.cmd(&["SET", "trl:{engine:stolen}:lock", &thief, "PX", "60000"]);
+    server.cmd(&[
+        "SET",
+        &redis_name("engine", "stolen", "lock"),
+        &thief,
+        "PX",
+        "60000",
+    ]);
     timeout(Duration::from_secs(5), g.lost())
         .await
         .expect("loss not reported");
@@ -249,7 +271,7 @@ async fn loss_is_reported_when_the_key_is_overwritten_by_another_owner() {
     assert!(!g.release().await.unwrap());
     assert_eq!(
         server
-            .cmd(&["GET", "trl:{engine:stolen}:lock"])
+            .cmd(&["GET", &redis_name("engine", "stolen", "lock")])
             .as_string()
             .unwrap(),
         thief
@@ -416,7 +438,7 @@ async fn dropping_guards_and_futures_at_random_points_leaves_nothing_behind() {
     assert!(
         eventually(Duration::from_secs(5), async || {
             let ttl = server
-                .cmd(&["PTTL", "trl:{engine:probe}:lock"])
+                .cmd(&["PTTL", &redis_name("engine", "probe", "lock")])
                 .as_int()
                 .unwrap();
             let renewed = ttl > lowest;
@@ -447,7 +469,7 @@ async fn fenced_resource_refuses_a_stale_holder() {
     let old_token = old.fencing_token();
     // The old holder stalls past its lease (the watchdog cannot help a
     // process that is paused; here we simply stop renewing by forgetting).
-    server.cmd(&["DEL", "trl:{engine:fenced}:lock"]);
+    server.cmd(&["DEL", &redis_name("engine", "fenced", "lock")]);
     let new = l.acquire(&k).await.unwrap();
     assert!(new.fencing_token() > old_token);
     assert_eq!(
@@ -483,7 +505,7 @@ async fn a_counter_ahead_of_the_clock_still_gives_larger_tokens() {
     let ahead: u64 = 9_000_000_000_000_000;
     server.cmd(&[
         "SET",
-        "trl:{engine:ahead}:fence",
+        &redis_name("engine", "ahead", "fence"),
         &ahead.to_string(),
         "PX",
         "60000",
@@ -495,7 +517,7 @@ async fn a_counter_ahead_of_the_clock_still_gives_larger_tokens() {
     assert_eq!(g.fencing_token().get(), ahead + 2);
     assert_eq!(
         server
-            .cmd(&["GET", "trl:{engine:ahead}:fence"])
+            .cmd(&["GET", &redis_name("engine", "ahead", "fence")])
             .as_string()
             .unwrap(),
         (ahead + 2).to_string()
@@ -504,7 +526,13 @@ async fn a_counter_ahead_of_the_clock_still_gives_larger_tokens() {
 
     // A counter behind the clock (fewer digits than TIME in µs) gives way
     // to the clock.
-    server.cmd(&["SET", "trl:{engine:ahead}:fence", "5", "PX", "60000"]);
+    server.cmd(&[
+        "SET",
+        &redis_name("engine", "ahead", "fence"),
+        "5",
+        "PX",
+        "60000",
+    ]);
     let g = l.try_acquire(&key("ahead")).await.unwrap();
     let now_us = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -512,4 +540,95 @@ async fn a_counter_ahead_of_the_clock_still_gives_larger_tokens() {
         .as_micros() as u64;
     // (Same machine, so the same clock, up to the time this took.)
     assert!(g.fencing_token().get() > now_us - 60_000_000, "{g:?}");
+}
+
+#[tokio::test]
+async fn redis_holds_nothing_per_id_once_its_lock_is_released() {
+    // A client sending distinct ids must not grow Redis: after 3,000 ids
+    // were locked and released, what is left is at most one fencing counter
+    // per bucket (1,024), never one key per id.
+    let server = RedisServer::start();
+    let l = locker(&server, 10_000, 0);
+    let ids: Vec<String> = (0..3_000).map(|i| format!("flood-{i}")).collect();
+    for chunk in ids.chunks(100) {
+        let grants = chunk.iter().map(|id| {
+            let l = l.clone();
+            let k = key(id);
+            async move { l.try_acquire(&k).await.unwrap().release().await.unwrap() }
+        });
+        assert!(
+            futures_util::future::join_all(grants)
+                .await
+                .into_iter()
+                .all(|r| r)
+        );
+    }
+    let keys = server.keys();
+    assert!(
+        keys.iter().all(|k| k.ends_with("}:fence")),
+        "a per-id key is left: {:?}",
+        keys.iter().find(|k| !k.ends_with("}:fence"))
+    );
+    assert!(keys.len() <= 1_024, "{} keys for 3,000 ids", keys.len());
+    // Each counter still expires (a namespace no longer used leaves nothing).
+    let ttl = server.cmd(&["PTTL", &keys[0]]).as_int().unwrap();
+    assert!(ttl > 0, "{} has no expiry", keys[0]);
+}
+
+#[tokio::test]
+async fn tokens_rise_per_key_when_ids_share_a_bucket() {
+    // Two ids whose locks share one fencing counter: each lock's tokens
+    // still rise strictly, whatever the other lock does in between, and the
+    // two exclude nothing of each other.
+    let server = RedisServer::start();
+    let s = store(&server);
+    let a = key("bucket-a");
+    let b = (0..)
+        .map(|i| key(&format!("bucket-b{i}")))
+        .find(|b| s.fence_key(b) == s.fence_key(&a))
+        .unwrap();
+    let l = Locker::builder(s)
+        .lease(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let mut last = (0, 0);
+    for round in 0..20 {
+        // Both held at once: one counter, two locks.
+        let ga = l.try_acquire(&a).await.unwrap();
+        let gb = l.try_acquire(&b).await.unwrap();
+        let (ta, tb) = (ga.fencing_token().get(), gb.fencing_token().get());
+        assert!(
+            ta > last.0 && tb > last.1,
+            "round {round}: {ta}, {tb} after {last:?}"
+        );
+        assert!(
+            tb > ta,
+            "the later grant of the bucket has the larger token"
+        );
+        last = (ta, tb);
+        // Release in both orders.
+        if round % 2 == 0 {
+            ga.release().await.unwrap();
+            gb.release().await.unwrap();
+        } else {
+            gb.release().await.unwrap();
+            ga.release().await.unwrap();
+        }
+    }
+}
+
+#[test]
+fn the_ids_of_one_namespace_spread_over_the_buckets() {
+    // A Cluster spreads locks by hash tag: the ids of one namespace must not
+    // all land on a handful of tags.
+    let s = RedisStore::from_url("redis://127.0.0.1:1/").unwrap();
+    let tags: std::collections::HashSet<String> = (0..4_000)
+        .map(|i| s.fence_key(&key(&format!("ord_{i}"))))
+        .collect();
+    assert!(
+        tags.len() > 950,
+        "4,000 ids use only {} buckets",
+        tags.len()
+    );
+    assert!(tags.len() <= 1_024);
 }

@@ -4,6 +4,7 @@
 //! last hold does. On `MemoryStore` and on a real `redis-server`.
 
 mod support;
+use support::stores::redis_name;
 
 use std::time::Duration;
 
@@ -197,7 +198,7 @@ async fn no_reentry_into_a_lost_or_released_lock() {
     // Lost: the key vanished under us (as after a failover).
     let k = key("lost");
     let guard = locker.acquire(&k).await.unwrap();
-    server.cmd(&["DEL", "trl:{reentry:lost}:lock"]);
+    server.cmd(&["DEL", &redis_name("reentry", "lost", "lock")]);
     assert!(matches!(guard.extend().await, Err(Error::LockLost { .. })));
     assert!(matches!(guard.reenter(), Err(Error::LockLost { .. })));
     // Inside its scope the locker does not re-enter a lost lock: it takes

@@ -3,6 +3,7 @@
 //! and by freezing the primary.
 
 mod support;
+use support::stores::redis_name;
 
 use std::time::Duration;
 
@@ -63,7 +64,7 @@ async fn new_grants_follow_a_failover_and_tokens_never_go_backwards() {
     assert!(
         new_primary
             .keys()
-            .contains(&"trl:{sentinel:follow}:lock".to_owned()),
+            .contains(&&redis_name("sentinel", "follow", "lock").to_owned()),
         "{:?}",
         new_primary.keys()
     );
@@ -118,11 +119,11 @@ async fn a_holder_whose_grant_missed_the_new_primary_is_told_it_lost() {
     // replica's socket buffer, in which case the promoted replica has the
     // grant and the holder rightly keeps it. Otherwise the holder must be
     // told it lost.
-    let lock_key = "trl:{sentinel:missed}:lock".to_owned();
+    let lock_key = &redis_name("sentinel", "missed", "lock").to_owned();
     if set.replica.keys().contains(&lock_key) {
         let counter = set
             .replica
-            .cmd(&["GET", "trl:{sentinel:missed}:fence"])
+            .cmd(&["GET", &redis_name("sentinel", "missed", "fence")])
             .as_string()
             .unwrap();
         assert_eq!(counter, old_token.get().to_string());

@@ -16,11 +16,12 @@ mod notifier;
 
 use notifier::{Notifier, PubSubSource};
 
-// The lock value is the owner token; the fencing counter is a key of its own
-// that holds the last token minted for the lock (so, while the lock is held,
-// the holder's token).
+// The lock value is the owner token; the fencing counter is the lock's
+// bucket's (see `bucket`): the last token minted for any lock of the bucket.
+// It only rises, so each lock's tokens rise too, and Redis holds one counter
+// per bucket, however many ids were ever locked.
 //
-// KEYS[1] lock, KEYS[2] fence counter, KEYS[3] (optional) completed record
+// KEYS[1] lock, KEYS[2] bucket fence counter, KEYS[3] (optional) completed record
 // ARGV[1] owner, ARGV[2] lease ms, ARGV[3] fence retention ms
 // -> {1, token} granted (or re-entered by the same owner: same token),
 //    {0, pttl} held, {2, record} completed (only when KEYS[3] is given)
@@ -39,7 +40,9 @@ end
 local cur = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
 if cur then
   if cur ~= ARGV[1] then return {0, redis.call('PTTL', KEYS[1])} end
-  -- Ours already (an attempt whose answer was lost): keep its token.
+  -- Ours already (an attempt whose answer was lost): the counter is at
+  -- least the token that attempt minted, and no other holder of this lock
+  -- can have come between, so it is a valid token for this grant.
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   local last = redis.call('GET', KEYS[2])
   if last then return {1, last} end
@@ -130,10 +133,13 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SRC));
 /// * acquire, extend and release are one Lua script and one round trip each
 ///   (EVALSHA, reloaded on `NOSCRIPT`); the grant mints the fencing token in
 ///   the same script;
-/// * a lock `orders:42` lives at `trl:{orders:42}:lock`, its fencing counter
-///   at `trl:{orders:42}:fence` (expires after the fence retention, default
-///   one hour, so no key is left per distinct lock forever) and its release
-///   channel is `trl:{orders:42}:released`; all share one hash tag;
+/// * a lock `orders:42` lives at `trl:{orders:170}:42:lock` and its release
+///   channel is `trl:{orders:170}:42:released`, where `170` is the lock's
+///   fencing bucket (one of 1,024 per namespace, from a hash of the key); its
+///   fencing counter is the bucket's, `trl:{orders:170}:fence`, shared by the
+///   ids of the bucket. All names of a lock share one hash tag, and nothing
+///   is left in Redis per id once its lock is released (the counters are at
+///   most 1,024 per namespace, each expiring after the fence retention);
 /// * commands go over one multiplexed connection checked out of the
 ///   [`deadpool_redis::Pool`] and kept (a pool checkout pings, which would
 ///   double the round trips); a broken connection is replaced from the pool;
@@ -176,6 +182,10 @@ struct Inner {
     /// commands, renewals included).
     wait_conns: Mutex<Vec<MultiplexedConnection>>,
     notifier: OnceLock<Notifier>,
+    eviction_check: EvictionCheck,
+    /// The last `maxmemory-policy` finding logged, so that a reconnect
+    /// does not repeat it.
+    eviction_reported: Mutex<Option<String>>,
 }
 
 /// Idle `WAIT` connections kept per store.
@@ -187,9 +197,34 @@ const RECORD: &str = "record";
 const RECORD_WRITER: &str = "record-writer";
 const RELEASED: &str = "released";
 
-/// `<prefix>:{<key>}:<suffix>`: one Redis name of a lock. All names of a
-/// lock share the `{<key>}` hash tag. Written into commands without an
-/// intermediate `String`.
+/// Fencing counters per namespace. The counter of a lock is shared by every
+/// id whose [`bucket`] is the same, so the fencing state in Redis is bounded
+/// by the namespaces in use (at most this many keys each), never by the ids
+/// ever seen. Part of the key layout: changing it changes every name.
+pub(crate) const FENCE_BUCKETS: u32 = 1024;
+
+/// The fencing bucket of `key`: 32-bit FNV-1a of `namespace:id`, modulo
+/// [`FENCE_BUCKETS`]. Stable across processes, versions and languages (the
+/// names it picks are in Redis), and cheap: no allocation, a few ns.
+pub(crate) fn bucket(key: &LockKey) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for &b in key.as_str().as_bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h % FENCE_BUCKETS
+}
+
+/// One Redis name of a lock. The hash tag is the namespace and the lock's
+/// fencing bucket, `{<namespace>:<bucket, 3 hex digits>}`, so every name of
+/// a lock, its bucket's counter among them, is in one slot, and a Cluster
+/// still spreads a namespace over 1,024 tags:
+///
+/// * `<prefix>:{<ns>:<bucket>}:<id>:<suffix>` for the lock, its record and
+///   its release channel;
+/// * `<prefix>:{<ns>:<bucket>}:fence` for the bucket's fencing counter.
+///
+/// Written into commands without an intermediate `String`.
 #[derive(Clone, Copy)]
 struct Name<'a> {
     prefix: &'a str,
@@ -199,7 +234,17 @@ struct Name<'a> {
 
 impl std::fmt::Display for Name<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{{{}}}:{}", self.prefix, self.key, self.suffix)
+        let (prefix, ns, b) = (self.prefix, self.key.namespace(), bucket(self.key));
+        if self.suffix == FENCE {
+            write!(f, "{prefix}:{{{ns}:{b:03x}}}:{}:{FENCE}", self.key.id())
+        } else {
+            write!(
+                f,
+                "{prefix}:{{{ns}:{b:03x}}}:{}:{}",
+                self.key.id(),
+                self.suffix
+            )
+        }
     }
 }
 
@@ -238,6 +283,30 @@ pub enum ReplicaShortfall {
     Fail,
     /// Keep the grant and log a warning.
     Proceed,
+}
+
+/// What a store does on connecting to a server whose `maxmemory-policy` can
+/// evict keys that have an expiry (`volatile-*`, `allkeys-*`): under memory
+/// pressure such a server deletes a held lock, and a second holder gets in
+/// while the first still runs. Run locks on `noeviction`, where a full server
+/// refuses writes (the store answers [`Error::Unavailable`]) instead of
+/// forgetting locks.
+///
+/// The policy is read with `CONFIG GET` each time the store opens a command
+/// connection (on a Cluster, from every primary); a server that refuses
+/// `CONFIG` (some managed services do) is reported once at warn level and
+/// used: there is nothing to check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum EvictionCheck {
+    /// Log an error (once per policy) and use the server (default).
+    #[default]
+    Log,
+    /// Refuse the server: every call fails with [`Error::Unavailable`]
+    /// naming the policy, until the policy is changed.
+    Refuse,
+    /// Do not read the policy.
+    Off,
 }
 
 /// A command connection: one multiplexed connection to a primary, or a
@@ -325,6 +394,8 @@ impl RedisStore {
                 wait_replicas: None,
                 wait_conns: Mutex::default(),
                 notifier: OnceLock::new(),
+                eviction_check: EvictionCheck::default(),
+                eviction_reported: Mutex::default(),
             }),
         }
     }
@@ -449,8 +520,8 @@ impl RedisStore {
         Ok(self)
     }
 
-    /// How long a fencing counter outlives its last grant (default 1 h, at
-    /// least 1 s, at most 100 years). Tokens stay strictly increasing after it lapses because
+    /// How long a bucket's fencing counter outlives the last grant of its
+    /// bucket (default 1 h, at least 1 s, at most 100 years). Tokens stay strictly increasing after it lapses because
     /// they never fall below Redis `TIME` in µs; the counter only guards
     /// against the server clock stepping back within the retention.
     pub fn with_fence_retention(mut self, retention: Duration) -> Result<Self, ConfigError> {
@@ -480,12 +551,30 @@ impl RedisStore {
         Ok(self)
     }
 
+    /// What to do on a server whose `maxmemory-policy` can evict locks (see
+    /// [`EvictionCheck`]; default [`EvictionCheck::Log`]).
+    ///
+    /// ```
+    /// use tower_redis_lock::{EvictionCheck, RedisStore};
+    ///
+    /// # fn main() -> Result<(), tower_redis_lock::Error> {
+    /// let store = RedisStore::from_url("redis://127.0.0.1/")?.with_eviction_check(EvictionCheck::Refuse);
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_eviction_check(mut self, check: EvictionCheck) -> Self {
+        self.inner_mut().eviction_check = check;
+        self
+    }
+
     /// The Redis key that holds `key`'s lock.
     pub fn lock_key(&self, key: &LockKey) -> String {
         self.name(key, LOCK).to_string()
     }
 
-    /// The Redis key that holds `key`'s fencing counter.
+    /// The Redis key that holds the fencing counter of `key`'s bucket (shared
+    /// with the other ids of the bucket: see the store's key layout).
     pub fn fence_key(&self, key: &LockKey) -> String {
         self.name(key, FENCE).to_string()
     }
@@ -534,6 +623,8 @@ impl RedisStore {
                 wait_replicas: i.wait_replicas,
                 wait_conns: Mutex::default(),
                 notifier: OnceLock::new(),
+                eviction_check: i.eviction_check,
+                eviction_reported: Mutex::default(),
             });
         }
         Arc::get_mut(&mut self.inner).unwrap_or_else(|| unreachable!("just detached"))
@@ -573,6 +664,7 @@ impl RedisStore {
                 .await
                 .map_err(|e| Error::from_redis(op, key, e))?;
         }
+        self.check_eviction(&mut conn, op, key).await?;
         *lock(&self.inner.conn) = Some(conn.clone());
         Ok(conn)
     }
@@ -605,6 +697,99 @@ impl RedisStore {
                 "source",
                 "a cluster store has no single primary",
             ))),
+        }
+    }
+
+    /// Reads the server's `maxmemory-policy` on a new connection and acts
+    /// per [`EvictionCheck`].
+    async fn check_eviction(
+        &self,
+        conn: &mut Conn,
+        op: Operation,
+        key: Option<&LockKey>,
+    ) -> Result<(), Error> {
+        let check = self.inner.eviction_check;
+        if check == EvictionCheck::Off {
+            return Ok(());
+        }
+        let mut get = redis::cmd("CONFIG");
+        get.arg("GET").arg("maxmemory-policy");
+        let answer = match conn {
+            Conn::Single(c) => get.query_async::<redis::Value>(c).await,
+            Conn::Cluster(c) => {
+                use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+                let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                c.route_command(get, all).await
+            }
+        };
+        let finding = match answer {
+            Ok(v) => {
+                let mut policies = Vec::new();
+                eviction_policies(&v, &mut policies);
+                policies.sort();
+                policies.dedup();
+                match policies.iter().find(|p| can_evict(p)) {
+                    Some(p) => Finding::Evicting(p.clone()),
+                    None if policies.is_empty() => {
+                        Finding::Unknown("no maxmemory-policy in the CONFIG GET answer".into())
+                    }
+                    None => Finding::Safe,
+                }
+            }
+            // Refused (ACL, a renamed command, a managed service).
+            Err(e)
+                if e.code().is_some()
+                    || matches!(
+                        e.kind(),
+                        redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+                    ) =>
+            {
+                Finding::Unknown(e.to_string())
+            }
+            Err(e) => return Err(Error::from_redis(op, key, e)),
+        };
+        let report = |text: String| {
+            let mut last = lock(&self.inner.eviction_reported);
+            let new = last.as_deref() != Some(text.as_str());
+            if new {
+                *last = Some(text);
+            }
+            new
+        };
+        match finding {
+            Finding::Safe => Ok(()),
+            Finding::Unknown(why) => {
+                if report(format!("unknown: {why}")) {
+                    tracing::warn!(
+                        error = %why,
+                        "could not read the Redis maxmemory-policy; locks are safe only on `noeviction`"
+                    );
+                }
+                Ok(())
+            }
+            Finding::Evicting(policy) => {
+                let refuse = check == EvictionCheck::Refuse;
+                if report(policy.clone()) {
+                    tracing::error!(
+                        maxmemory_policy = %policy,
+                        refused = refuse,
+                        "Redis can evict keys with an expiry under memory pressure, held locks among them: \
+                         two holders could then run at once; set `maxmemory-policy noeviction`"
+                    );
+                }
+                if refuse {
+                    return Err(Error::Unavailable {
+                        op,
+                        key: key.cloned(),
+                        source: format!(
+                            "the server's maxmemory-policy `{policy}` can evict held locks; \
+                             the store refuses it (EvictionCheck::Refuse): set `noeviction`"
+                        )
+                        .into(),
+                    });
+                }
+                Ok(())
+            }
         }
     }
 
@@ -893,6 +1078,48 @@ impl RedisStore {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What a `CONFIG GET maxmemory-policy` found.
+enum Finding {
+    Safe,
+    Evicting(String),
+    Unknown(String),
+}
+
+/// Whether `policy` can evict a key that has an expiry: every policy but
+/// `noeviction`.
+fn can_evict(policy: &str) -> bool {
+    !policy.eq_ignore_ascii_case("noeviction")
+}
+
+/// Collects the values of `maxmemory-policy` in a `CONFIG GET` answer: a
+/// flat `[name, value]` array (RESP2), a map (RESP3), or a map of such
+/// answers per node (a Cluster asked on every primary).
+fn eviction_policies(v: &redis::Value, out: &mut Vec<String>) {
+    use redis::Value;
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    let is_name = |v: &Value| text(v).is_some_and(|t| t.eq_ignore_ascii_case("maxmemory-policy"));
+    match v {
+        Value::Array(items) if items.len() == 2 && is_name(&items[0]) => {
+            out.extend(text(&items[1]));
+        }
+        Value::Array(items) => items.iter().for_each(|i| eviction_policies(i, out)),
+        Value::Map(pairs) => {
+            for (k, v) in pairs {
+                if is_name(k) {
+                    out.extend(text(v));
+                } else {
+                    eviction_policies(v, out);
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// The longest expiry written to Redis: about 100 years, far below what

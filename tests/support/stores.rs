@@ -58,3 +58,19 @@ pub fn sentinel() -> (RedisStore, SentinelSet) {
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     (RedisStore::sentinel(&urls, &set.master_name).unwrap(), set)
 }
+
+/// The Redis name a [`RedisStore`] with the default prefix gives lock
+/// `ns:id`'s `suffix` (`lock`, `fence`, `record` or `released`), from the
+/// store's own accessors; `tests/redis_engine.rs` pins the layout itself.
+pub fn redis_name(ns: &str, id: &str, suffix: &str) -> String {
+    // `from_url` does no I/O: the store is only asked for names.
+    let store = RedisStore::from_url("redis://127.0.0.1:1/").expect("a valid URL");
+    let key = tower_redis_lock::LockKey::new(ns, id).expect("a valid key");
+    match suffix {
+        "lock" => store.lock_key(&key),
+        "fence" => store.fence_key(&key),
+        "record" => store.record_key(&key),
+        "released" => store.release_channel(&key),
+        other => panic!("no Redis name with suffix {other:?}"),
+    }
+}
