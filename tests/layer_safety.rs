@@ -1080,15 +1080,30 @@ async fn spellings_of_one_path_share_a_key_and_ambiguous_paths_are_refused() {
             "{a} and {b} got two keys"
         );
     }
-    for (a, b) in [("/raw/a", "/raw/b"), ("/raw/a", "/raw/a/"), ("/a%25zz", "/a%25zy")] {
+    for (a, b) in [
+        ("/raw/a", "/raw/b"),
+        ("/raw/a", "/raw/a/"),
+        ("/a%25zz", "/a%25zy"),
+    ] {
         assert!(
             !same_key(&store, KeyFrom::path(), path(a), path(b)).await,
             "{a} and {b} shared a key"
         );
     }
     assert_eq!(store.held_count(), 0);
-    let dots = ["/raw/./a", "/raw/%2e%2e/a", "/raw/.%2E/a", "/raw%2F..%2Fa", "/raw/a/.."];
-    refused(KeyFrom::path(), dots.map(path).into(), "`.` or `..` segment").await;
+    let dots = [
+        "/raw/./a",
+        "/raw/%2e%2e/a",
+        "/raw/.%2E/a",
+        "/raw%2F..%2Fa",
+        "/raw/a/..",
+    ];
+    refused(
+        KeyFrom::path(),
+        dots.map(path).into(),
+        "`.` or `..` segment",
+    )
+    .await;
     let escapes = ["/raw/a%zz", "/raw/a%", "/raw/a%2"];
     refused(KeyFrom::path(), escapes.map(path).into(), "two hex digits").await;
     // Refused, not a missing key: passing through is no way around it.
@@ -1101,7 +1116,9 @@ async fn spellings_of_one_path_share_a_key_and_ambiguous_paths_are_refused() {
     let svc = layer.layer(Plain::new(tower::service_fn(|_req: Request<Body>| async {
         Ok::<_, std::io::Error>(http::Response::new(Body::from("ran")))
     })));
-    call(&svc, path("/raw/../a")).await.problem(StatusCode::BAD_REQUEST);
+    call(&svc, path("/raw/../a"))
+        .await
+        .problem(StatusCode::BAD_REQUEST);
 }
 
 #[tokio::test]
@@ -1110,7 +1127,10 @@ async fn json_numbers_key_by_exact_value_and_a_member_named_twice_is_refused() {
     let id = || KeyFrom::json_pointer("/id");
     // 2^70 and 2^70 + 1 are one f64, not one id.
     for (a, b) in [
-        (r#"{"id":1180591620717411303424}"#, r#"{"id":1180591620717411303425}"#),
+        (
+            r#"{"id":1180591620717411303424}"#,
+            r#"{"id":1180591620717411303425}"#,
+        ),
         (r#"{"id":1.5}"#, r#"{"id":1.50000000000000000001}"#),
         (r#"{"id":1e400}"#, r#"{"id":1e401}"#),
     ] {
@@ -1124,7 +1144,10 @@ async fn json_numbers_key_by_exact_value_and_a_member_named_twice_is_refused() {
         (r#"{"id":1.0}"#, r#"{"id":1e0}"#),
         (r#"{"id":-0}"#, r#"{"id":0.0}"#),
         (r#"{"id":1}"#, r#"{"id":"1"}"#),
-        (r#"{"id":1180591620717411303424}"#, r#"{"id":"1180591620717411303424"}"#),
+        (
+            r#"{"id":1180591620717411303424}"#,
+            r#"{"id":"1180591620717411303424"}"#,
+        ),
     ] {
         assert!(
             same_key(&store, id(), with_body("/", a), with_body("/", b)).await,
@@ -1137,14 +1160,29 @@ async fn json_numbers_key_by_exact_value_and_a_member_named_twice_is_refused() {
         r#"{"id":1,"x":0,"id":1}"#,
         r#"{"\u0069d":"a","id":"b"}"#,
     ];
-    refused(id(), twice.map(|b| with_body("/", b)).into(), "more than once").await;
+    refused(
+        id(),
+        twice.map(|b| with_body("/", b)).into(),
+        "more than once",
+    )
+    .await;
     let nested = KeyFrom::json_pointer("/data/id");
     let twice = [r#"{"data":{"id":"a"},"data":{"id":"b"}}"#];
-    refused(nested, twice.map(|b| with_body("/", b)).into(), "more than once").await;
+    refused(
+        nested,
+        twice.map(|b| with_body("/", b)).into(),
+        "more than once",
+    )
+    .await;
     let huge = [r#"{"id":1e1000000000000000000000}"#];
     refused(id(), huge.map(|b| with_body("/", b)).into(), "exponent").await;
     let not_json = [r#"{"id":"a"} x"#, r#"{"id":"a","x":[1,]}"#];
-    refused(id(), not_json.map(|b| with_body("/", b)).into(), "not valid JSON").await;
+    refused(
+        id(),
+        not_json.map(|b| with_body("/", b)).into(),
+        "not valid JSON",
+    )
+    .await;
 }
 
 #[tokio::test]
