@@ -7,6 +7,8 @@ use axum::extract::{FromRequestParts, MatchedPath, RawPathParams};
 use http::HeaderName;
 use http::request::Parts;
 
+mod json;
+
 /// The source of a request's lock id. The layer adds its namespace (see
 /// [`LockLayerBuilder::namespace`](super::LockLayerBuilder::namespace)) and
 /// turns the id into a [`LockKey`](crate::LockKey), so a client-chosen id is
@@ -36,8 +38,23 @@ pub(crate) enum Kind {
 
 impl KeyFrom {
     /// The whole request path (without the query), in one spelling per
-    /// path: percent-escapes decoded, empty segments dropped, so `/a//%62`
-    /// and `/a/b` share a key.
+    /// path, so that every spelling a router sends to one handler shares one
+    /// key:
+    ///
+    /// - the path is percent-decoded to bytes first (`%61` is `a`, `%2f` is
+    ///   `%2F`), then split on `/`; so `%2F` counts as a `/`, which may make
+    ///   two paths that route apart (`/a%2Fb`, `/a/b`) exclude each other:
+    ///   more exclusion, never less;
+    /// - empty segments are dropped (`/a//b` is `/a/b`); a trailing slash is
+    ///   kept (`/a/` is not `/a`, routers tell them apart);
+    /// - a `.` or `..` segment, however spelled (`%2e`, `.%2E`, or made by a
+    ///   decoded `%2F`), is refused with 400: a file server resolves it and a
+    ///   router does not, so which resource it names is not ours to guess;
+    /// - a `%` not followed by two hex digits is refused with 400: kept as it
+    ///   is, `/a%zz` would be one spelling of `/a%25zz`.
+    ///
+    /// A refused request never reaches the inner service, whatever the
+    /// [`OnMissingKey`](super::OnMissingKey) choice.
     pub fn path() -> Self {
         KeyFrom { kind: Kind::Path }
     }
@@ -68,10 +85,24 @@ impl KeyFrom {
     }
 
     /// A field of a JSON body, by JSON pointer (RFC 6901), e.g. `"/id"` or
-    /// `"/data/object/id"`. Strings and integers of up to 64 bits are
-    /// accepted; other numbers (fractions, larger integers, which lose
-    /// digits on the way) count as no key: send such ids as strings. The body is
-    /// read (within the body limit) and handed to the service unchanged.
+    /// `"/data/object/id"`. The body is read (within the body limit), checked
+    /// to be JSON in full, and handed to the service unchanged.
+    ///
+    /// - A string keys as its decoded text.
+    /// - A number keys by its exact value (never through an `f64`), written
+    ///   in one canonical text: `1`, `1.0`, `1e0`, `10e-1`, `0.1e1` all key
+    ///   as `1`, `-0` as `0`, `1.50` as `1.5`, `25e2` as `2500`; while
+    ///   `1180591620717411303424` (2^70) and `…425` stay two keys. Values
+    ///   whose decimal exponent is beyond ±64 are written `1.5e100`. So a
+    ///   number and the string of its canonical text share a key (`1` and
+    ///   `"1"`; but not `1.0` and `"1.0"`): two spellings of one id may
+    ///   exclude each other, two ids never share a lock. A number whose
+    ///   exponent does not fit 18 digits is refused (400).
+    /// - Anything else (`null`, `true`, an object, an empty string) is no
+    ///   key.
+    /// - An object on the way that names the pointer's member twice
+    ///   (`{"id":"a","id":"b"}` for `/id`) is refused (400), like a repeated
+    ///   query parameter: parsers disagree on which one the handler reads.
     pub fn json_pointer(pointer: &str) -> Self {
         KeyFrom {
             kind: Kind::JsonPointer(pointer.into()),
@@ -95,9 +126,7 @@ impl KeyFrom {
             Kind::PathParam(n) => format!("path parameter `{n}`"),
             Kind::Header(n) => format!("header `{n}`"),
             Kind::Query(n) => format!("query parameter `{n}`"),
-            Kind::JsonPointer(p) => {
-                format!("JSON body field `{p}` (a string, or an integer of at most 64 bits)")
-            }
+            Kind::JsonPointer(p) => format!("JSON body field `{p}` (a string or a number)"),
             Kind::Custom(_) => "a key from the request (custom extractor)".to_owned(),
         }
     }
@@ -115,10 +144,10 @@ impl KeyFrom {
     /// Finds the id in the request head (every source but the body), as raw
     /// bytes: never lossily decoded, so two different ids never share a key.
     /// A source that appears twice is refused: which one the handler reads
-    /// is not ours to guess.
-    pub(crate) async fn id_in_head(&self, parts: &mut Parts) -> Result<Option<Vec<u8>>, Repeated> {
+    /// is not ours to guess; so is an ambiguous path.
+    pub(crate) async fn id_in_head(&self, parts: &mut Parts) -> Result<Option<Vec<u8>>, Refused> {
         let id = match &self.kind {
-            Kind::Path => Some(canonical_path(parts.uri.path())),
+            Kind::Path => Some(canonical_path(parts.uri.path())?),
             Kind::PathParam(name) => match RawPathParams::from_request_parts(parts, &()).await {
                 Ok(params) => params
                     .iter()
@@ -130,7 +159,7 @@ impl KeyFrom {
                 let mut all = parts.headers.get_all(name).iter();
                 let first = all.next();
                 if all.next().is_some() {
-                    return Err(Repeated);
+                    return Err(Refused::Repeated);
                 }
                 first.map(|v| v.as_bytes().to_vec())
             }
@@ -144,30 +173,58 @@ impl KeyFrom {
         Ok(id.filter(|id| !id.is_empty()))
     }
 
-    /// Finds the id in a JSON body.
-    pub(crate) fn id_in_json(&self, body: &[u8]) -> Result<Option<String>, serde_json::Error> {
+    /// Finds the id in a JSON body: the body is checked to be JSON in full,
+    /// then walked along the pointer on its text, so a number keeps its
+    /// exact value.
+    pub(crate) fn id_in_json(&self, body: &[u8]) -> Result<Option<Vec<u8>>, Refused> {
         let Kind::JsonPointer(pointer) = &self.kind else {
             return Ok(None);
         };
-        let value: serde_json::Value = serde_json::from_slice(body)?;
-        Ok(match value.pointer(pointer) {
-            Some(serde_json::Value::String(s)) if !s.is_empty() => Some(s.clone()),
-            // Integers only: any other number went through an `f64`, where
-            // two different ids (`1e400`, 23-digit integers) can meet.
-            Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => Some(n.to_string()),
-            _ => None,
-        })
+        let id = json::find(body, pointer)?;
+        Ok(id.filter(|id| !id.is_empty()))
     }
 }
 
-/// A key source that appears more than once in the request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Repeated;
+/// Why a request's key source is refused (400) rather than keyed: each is a
+/// request where the layer cannot know which id the handler will act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// A key source that appears more than once (`?id=a&id=b`, a repeated
+    /// header, a JSON member named twice).
+    Repeated,
+    /// A `.` or `..` path segment.
+    DotSegment,
+    /// A `%` in the path not followed by two hex digits.
+    BadEscape,
+    /// A JSON number whose exponent cannot be kept exactly.
+    HugeExponent,
+    /// The body is not JSON.
+    NotJson(String),
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refused::Repeated => f.write_str("the lock key source appears more than once"),
+            Refused::DotSegment => f.write_str(
+                "the request path has a `.` or `..` segment (servers disagree on what it names)",
+            ),
+            Refused::BadEscape => {
+                f.write_str("the request path has a `%` not followed by two hex digits")
+            }
+            Refused::HugeExponent => {
+                f.write_str("the JSON number's exponent is too large to key exactly")
+            }
+            Refused::NotJson(e) => write!(f, "the request body is not valid JSON: {e}"),
+        }
+    }
+}
 
 /// Appends `s` to `out` with each `%XX` decoded to its byte (a `%` not
 /// followed by two hex digits stays as it is) and, for a query, `+` as a
-/// space.
-fn percent_decode(out: &mut Vec<u8>, s: &[u8], plus_is_space: bool) {
+/// space. False if such a stray `%` was met.
+fn percent_decode(out: &mut Vec<u8>, s: &[u8], plus_is_space: bool) -> bool {
+    let mut clean = true;
     let mut i = 0;
     while i < s.len() {
         let escape = (s[i] == b'%')
@@ -183,11 +240,13 @@ fn percent_decode(out: &mut Vec<u8>, s: &[u8], plus_is_space: bool) {
                 i += 1;
             }
             (c, None) => {
+                clean &= c != b'%';
                 out.push(c);
                 i += 1;
             }
         }
     }
+    clean
 }
 
 fn form_decode(s: &str) -> Vec<u8> {
@@ -200,15 +259,15 @@ fn hex(c: u8) -> Option<u8> {
     (c as char).to_digit(16).map(|d| d as u8)
 }
 
-/// The value of query parameter `name`, decoded to bytes; `Repeated` if it
+/// The value of query parameter `name`, decoded to bytes; refused if it
 /// appears twice.
-fn query_value(query: &str, name: &str) -> Result<Option<Vec<u8>>, Repeated> {
+fn query_value(query: &str, name: &str) -> Result<Option<Vec<u8>>, Refused> {
     let mut found = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         if form_decode(k) == name.as_bytes() {
             if found.is_some() {
-                return Err(Repeated);
+                return Err(Refused::Repeated);
             }
             found = Some(form_decode(v));
         }
@@ -216,19 +275,26 @@ fn query_value(query: &str, name: &str) -> Result<Option<Vec<u8>>, Repeated> {
     Ok(found)
 }
 
-/// One spelling per path: percent-escapes decoded to bytes, empty segments
-/// dropped (`/a//%62` and `/a/b` share a key). Decoding `%2F` may merge two
-/// paths that route apart; that only makes them exclude each other.
-fn canonical_path(path: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(path.len());
-    for seg in path.split('/').filter(|s| !s.is_empty()) {
-        out.push(b'/');
-        percent_decode(&mut out, seg.as_bytes(), false);
+/// One spelling per path (see [`KeyFrom::path`]): decoded to bytes, then
+/// split on `/`, empty segments dropped, trailing slash kept; dot segments
+/// and stray `%`s refused.
+fn canonical_path(path: &str) -> Result<Vec<u8>, Refused> {
+    let mut decoded = Vec::with_capacity(path.len());
+    if !percent_decode(&mut decoded, path.as_bytes(), false) {
+        return Err(Refused::BadEscape);
     }
-    if out.is_empty() || (path.ends_with('/') && path.len() > 1) {
+    let mut out = Vec::with_capacity(decoded.len() + 1);
+    for seg in decoded.split(|&b| b == b'/').filter(|s| !s.is_empty()) {
+        if seg == b"." || seg == b".." {
+            return Err(Refused::DotSegment);
+        }
+        out.push(b'/');
+        out.extend_from_slice(seg);
+    }
+    if out.is_empty() || decoded.ends_with(b"/") {
         out.push(b'/');
     }
-    out
+    Ok(out)
 }
 
 /// The default namespace of a layer: the matched route template, so that
@@ -287,11 +353,11 @@ mod tests {
             .0
     }
 
-    async fn id(k: &KeyFrom, p: &mut Parts) -> Result<Option<Vec<u8>>, Repeated> {
+    async fn id(k: &KeyFrom, p: &mut Parts) -> Result<Option<Vec<u8>>, Refused> {
         k.id_in_head(p).await
     }
 
-    fn found(id: &[u8]) -> Result<Option<Vec<u8>>, Repeated> {
+    fn found(id: &[u8]) -> Result<Option<Vec<u8>>, Refused> {
         Ok(Some(id.to_vec()))
     }
 
@@ -332,8 +398,14 @@ mod tests {
         let q = KeyFrom::query("id");
         assert_eq!(id(&q, &mut parts("/?id=%FF")).await, found(b"\xff"));
         assert_eq!(id(&q, &mut parts("/?i%64=a+b%2")).await, found(b"a b%2"));
-        assert_eq!(id(&q, &mut parts("/?id=a&id=b")).await, Err(Repeated));
-        assert_eq!(id(&q, &mut parts("/?id=a&id=a")).await, Err(Repeated));
+        assert_eq!(
+            id(&q, &mut parts("/?id=a&id=b")).await,
+            Err(Refused::Repeated)
+        );
+        assert_eq!(
+            id(&q, &mut parts("/?id=a&id=a")).await,
+            Err(Refused::Repeated)
+        );
         assert_eq!(id(&q, &mut parts("/?id=&x=1")).await, Ok(None));
         let h = KeyFrom::header(HeaderName::from_static("x-id"));
         let mut twice = http::Request::builder()
@@ -343,7 +415,7 @@ mod tests {
             .unwrap()
             .into_parts()
             .0;
-        assert_eq!(id(&h, &mut twice).await, Err(Repeated));
+        assert_eq!(id(&h, &mut twice).await, Err(Refused::Repeated));
         let mut odd = http::Request::builder()
             .header("x-id", HeaderValue::from_bytes(b"\xff").unwrap())
             .body(())
@@ -353,23 +425,225 @@ mod tests {
         assert_eq!(id(&h, &mut odd).await, found(b"\xff"));
     }
 
+    #[tokio::test]
+    async fn a_path_has_one_spelling_and_ambiguous_paths_are_refused() {
+        let path = |p: &str| canonical_path(p);
+        // Decoded first (either hex case), then split: one key per path.
+        for (a, b) in [
+            ("/raw/a", "/raw/%61"),
+            ("/raw/a", "//raw//a"),
+            ("/raw/a", "/raw%2Fa"),
+            ("/raw/a", "/raw%2f%2Fa"),
+            ("/r%C3%A9", "/r%c3%a9"),
+            ("/a/", "/a%2F"),
+            ("/a/.b", "/a/%2Eb"),
+            ("/a/...", "/a/%2e%2e%2e"),
+        ] {
+            assert_eq!(path(a), path(b), "{a} vs {b}");
+            assert!(path(a).is_ok(), "{a}");
+        }
+        assert_eq!(path("/raw/%61"), Ok(b"/raw/a".to_vec()));
+        assert_eq!(path("/a/%FF"), Ok(b"/a/\xff".to_vec()));
+        // Different paths stay apart: a trailing slash, an escaped `%`.
+        for (a, b) in [
+            ("/a", "/a/"),
+            ("/a%25zz", "/a%25zy"),
+            ("/a%2561", "/aa"),
+            ("/a%20b", "/a+b"),
+        ] {
+            assert_ne!(path(a), path(b), "{a} vs {b}");
+        }
+        // Dot segments, however spelled, are ambiguous.
+        for p in [
+            "/.",
+            "/..",
+            "/raw/./a",
+            "/raw/../a",
+            "/raw/a/.",
+            "/raw/a/../",
+            "/raw/%2e/a",
+            "/raw/%2E%2e/a",
+            "/raw/.%2E/a",
+            "/raw%2F..%2Fa",
+            "/raw/a%2F.",
+        ] {
+            assert_eq!(path(p), Err(Refused::DotSegment), "{p}");
+        }
+        // A `%` without two hex digits is one spelling of its `%25` form.
+        for p in ["/a%zz", "/a%", "/a%2", "/a%%41", "/a%g0/b", "/%"] {
+            assert_eq!(path(p), Err(Refused::BadEscape), "{p}");
+        }
+        // Through the key source, as the layer calls it.
+        let mut p = parts("/raw/%2e%2e/a");
+        assert_eq!(id(&KeyFrom::path(), &mut p).await, Err(Refused::DotSegment));
+    }
+
+    fn json(pointer: &str, body: &str) -> Result<Option<Vec<u8>>, Refused> {
+        KeyFrom::json_pointer(pointer).id_in_json(body.as_bytes())
+    }
+
+    fn number(n: &str) -> Vec<u8> {
+        json("/id", &format!(r#"{{"id":{n}}}"#))
+            .unwrap()
+            .unwrap_or_else(|| panic!("{n} gave no key"))
+    }
+
     #[test]
     fn json_sources() {
         let k = KeyFrom::json_pointer("/data/object/id");
         assert_eq!(
-            k.id_in_json(br#"{"data":{"object":{"id":"evt_1"}}}"#)
-                .unwrap(),
-            Some("evt_1".into())
+            k.id_in_json(br#"{"data":{"object":{"id":"evt_1"}}}"#),
+            found(b"evt_1")
         );
         assert_eq!(
-            k.id_in_json(br#"{"data":{"object":{"id":42}}}"#).unwrap(),
-            Some("42".into())
+            k.id_in_json(br#"{"data":{"object":{"id":42}}}"#),
+            found(b"42")
         );
-        assert_eq!(k.id_in_json(br#"{"data":{}}"#).unwrap(), None);
+        assert_eq!(k.id_in_json(br#"{"data":{}}"#), Ok(None));
+        assert_eq!(k.id_in_json(br#"{"data":{"object":{"id":""}}}"#), Ok(None));
+        assert!(matches!(
+            k.id_in_json(b"{not json"),
+            Err(Refused::NotJson(_))
+        ));
+        // Strings decoded; arrays, escaped pointer tokens, whitespace.
+        assert_eq!(json("/id", r#" { "id" : "a\u0062\n" } "#), found(b"ab\n"));
         assert_eq!(
-            k.id_in_json(br#"{"data":{"object":{"id":""}}}"#).unwrap(),
-            None
+            json("/a/1/b", r#"{"a":[{"b":"x"},{"b":"y"}]}"#),
+            found(b"y")
         );
-        assert!(k.id_in_json(b"{not json").is_err());
+        assert_eq!(json("/a/2", r#"{"a":["x","y"]}"#), Ok(None));
+        assert_eq!(json("/a/01", r#"{"a":["x","y"]}"#), Ok(None));
+        assert_eq!(json("/a~1b/c~0d", r#"{"a/b":{"c~d":"z"}}"#), found(b"z"));
+        assert_eq!(json("", r#""whole""#), found(b"whole"));
+        assert_eq!(json("id", r#"{"id":"a"}"#), Ok(None));
+        // Not strings or numbers: no key.
+        for v in ["null", "true", "{}", "[1]", r#"{"id":1}"#] {
+            assert_eq!(json("/id", &format!(r#"{{"id":{v}}}"#)), Ok(None), "{v}");
+        }
+        assert_eq!(json("/id/x", r#"{"id":1e999}"#), Ok(None));
+    }
+
+    #[test]
+    fn a_json_body_is_checked_in_full() {
+        for body in [
+            r#"{"id":"a"} x"#,
+            r#"{"id":"a",}"#,
+            r#"{"id":"a","x":[1,]}"#,
+            r#"{"id":"a","x":"\q"}"#,
+            "{\"id\":\"a\",\"x\":\"\u{1}\"}",
+            r#"{"id":"a","x":01}"#,
+            r#"{"id":"a","x":}"#,
+            "",
+        ] {
+            assert!(
+                matches!(json("/id", body), Err(Refused::NotJson(_))),
+                "{body:?}"
+            );
+        }
+        // The grammar is checked, not what serde_json's `Value` can hold: a
+        // number out of `f64` range or a lone surrogate elsewhere is JSON
+        // (the handler's extractor judges it); as the id, a lone surrogate
+        // has no text and is refused.
+        assert_eq!(json("/id", r#"{"x":1e400,"id":"a"}"#), found(b"a"));
+        assert_eq!(json("/id", r#"{"x":"\ud800","id":"a"}"#), found(b"a"));
+        assert!(matches!(
+            json("/id", r#"{"id":"\ud800"}"#),
+            Err(Refused::NotJson(_))
+        ));
+        let mut bad_utf8 = br#"{"id":"a","x":""#.to_vec();
+        bad_utf8.extend_from_slice(b"\xff\"}");
+        assert!(matches!(
+            KeyFrom::json_pointer("/id").id_in_json(&bad_utf8),
+            Err(Refused::NotJson(_))
+        ));
+    }
+
+    #[test]
+    fn a_json_member_on_the_way_named_twice_is_refused() {
+        for (pointer, body) in [
+            ("/id", r#"{"id":"a","id":"b"}"#),
+            ("/id", r#"{"id":"a","id":"a"}"#),
+            ("/id", r#"{"id":"a","x":1,"id":null}"#),
+            ("/id", r#"{"\u0069d":"a","id":"b"}"#),
+            ("/d/id", r#"{"d":{"id":"a"},"d":{"x":1}}"#),
+            ("/d/id", r#"{"d":{"id":"a","id":"b"}}"#),
+            ("/d/0/id", r#"{"d":[{"id":"a","id":"b"}]}"#),
+        ] {
+            assert_eq!(json(pointer, body), Err(Refused::Repeated), "{body}");
+        }
+        // Repeats off the way are not ours to judge.
+        assert_eq!(json("/id", r#"{"x":1,"x":2,"id":"a"}"#), found(b"a"));
+        assert_eq!(
+            json("/d/id", r#"{"d":{"id":"a"},"e":{"id":"b"}}"#),
+            found(b"a")
+        );
+    }
+
+    #[test]
+    fn a_json_number_keys_by_its_exact_value() {
+        // One value, one text: the text an integer is written in.
+        for spellings in [
+            &[
+                "1", "1.0", "1e0", "1E0", "10e-1", "0.1e1", "1.000e+0", "100E-2",
+            ][..],
+            &[
+                "0",
+                "-0",
+                "0.0",
+                "-0.0e5",
+                "0e-3",
+                "0e99999999999999999999999",
+            ],
+            &["42", "4.2e1", "420e-1", "42.000"],
+            &["-7", "-7.0", "-70e-1"],
+            &["2500", "25e2", "2.5e3", "2500.0"],
+            &["1.5", "15e-1", "1.50", "0.15e1"],
+            &["0.0015", "1.5e-3", "15e-4"],
+            &["1e65", "10e64", "0.1e66"],
+            &["1.5e100", "15e99", "150e98"],
+            &["1e-65", "0.1e-64", "10e-66"],
+        ] {
+            let first = number(spellings[0]);
+            assert_eq!(first, spellings[0].as_bytes(), "canonical text");
+            for s in spellings {
+                assert_eq!(number(s), first, "{s} vs {}", spellings[0]);
+            }
+        }
+        // Beyond f64: different values, different keys.
+        for (a, b) in [
+            ("1180591620717411303424", "1180591620717411303425"),
+            ("18446744073709551616", "18446744073709551617"),
+            ("1.5", "1.50000000000000000001"),
+            ("0.1", "0.10000000000000000000000001"),
+            ("1e400", "1e401"),
+            ("1e-400", "0"),
+            ("1e64", "1e65"),
+            ("1", "-1"),
+            ("123", "1.23"),
+            ("9007199254740993", "9007199254740992"),
+        ] {
+            assert_ne!(number(a), number(b), "{a} vs {b}");
+        }
+        assert_eq!(number("1180591620717411303424"), b"1180591620717411303424");
+        assert_eq!(number("1e64"), format!("1{}", "0".repeat(64)).into_bytes());
+        assert_eq!(number("-1.5e-100"), b"-1.5e-100");
+        assert_eq!(
+            number("1e-64"),
+            format!("0.{}1", "0".repeat(63)).into_bytes()
+        );
+        // A number keys as the string of its canonical text.
+        assert_eq!(json("/id", r#"{"id":"1"}"#), json("/id", r#"{"id":1.0}"#));
+        assert_ne!(json("/id", r#"{"id":"1.0"}"#), json("/id", r#"{"id":1.0}"#));
+        // An exponent that cannot be kept exactly is refused, without a
+        // huge allocation for one that can.
+        assert_eq!(
+            json("/id", r#"{"id":1e1000000000000000000}"#),
+            Err(Refused::HugeExponent)
+        );
+        assert_eq!(number("1e1000000000"), b"1e1000000000");
+        assert_eq!(
+            number("-25e-999999999999999999"),
+            b"-2.5e-999999999999999998"
+        );
     }
 }

@@ -142,18 +142,7 @@ where
             Err(p) => return Ok(reject(p, None)),
         };
         let id = if c.key.needs_body() {
-            match c.key.id_in_json(&bytes) {
-                Ok(id) => Ok(id.map(String::into_bytes)),
-                Err(e) => {
-                    return Ok(reject(
-                        Problem::new(
-                            StatusCode::BAD_REQUEST,
-                            format!("the request body is not valid JSON: {e}"),
-                        ),
-                        None,
-                    ));
-                }
-            }
+            c.key.id_in_json(&bytes)
         } else {
             c.key.id_in_head(&mut parts).await
         };
@@ -164,18 +153,19 @@ where
     };
     let mut req = Request::from_parts(parts, body);
     let routed = req.extensions().get::<MatchedPath>().is_some();
-    let Ok(id) = id else {
-        // Never guess which of two ids the handler will read.
-        return Ok(reject(
-            Problem::new(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "the lock key source appears more than once: {}",
-                    c.key.describe()
+    let id = match id {
+        Ok(id) => id,
+        // Never guess which id the handler will act on (a source given
+        // twice, a dot segment, a stray `%`…), whatever `OnMissingKey` says.
+        Err(refused) => {
+            return Ok(reject(
+                Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("{refused}: expected {}", c.key.describe()),
                 ),
-            ),
-            None,
-        ));
+                None,
+            ));
+        }
     };
     let Some(id) = id else {
         // A path-parameter key on a request that matched no route: the layer
