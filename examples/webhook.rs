@@ -56,6 +56,9 @@
 //! | `REDIS_URL`      | unset        | locks, records and ledger in Redis; unset: in memory |
 //! | `WEBHOOK_SECRET` | `whsec_demo` | signing secret (the demo uses one for both providers) |
 //! | `WORK_MS`        | 200          | how long a delivery works before it applies    |
+//! | `HEADER_TIMEOUT_MS`  | 10000    | a request head must arrive whole within this, or the connection is closed |
+//! | `BODY_TIMEOUT_MS`    | 10000    | a body must arrive whole within this after the head, or `408` |
+//! | `REQUEST_TIMEOUT_MS` | 30000    | answer within this, or the delivery is dropped (lock released, nothing stored) and the sender gets `408` |
 //! | `RUST_LOG`       | info         | log filter (`tracing_subscriber::EnvFilter`)   |
 //!
 //! A bad value is reported with the variable's name and exits with code 2.
@@ -63,6 +66,7 @@
 #[path = "common/mod.rs"]
 mod common;
 
+pub use common::Timeouts;
 use common::{Failure, redact};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -83,6 +87,7 @@ use bytes::Bytes;
 use hmac::{Hmac, Mac};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use sha2::Sha256;
+use tower_http::timeout::TimeoutError;
 use tower_redis_lock::deadpool_redis;
 use tower_redis_lock::layer::PROBLEM_JSON;
 use tower_redis_lock::{
@@ -111,6 +116,13 @@ pub const LEDGER_PREFIX: &str = "ledger:{webhooks}:";
 pub const STRIPE_NAMESPACE: &str = "stripe";
 /// Namespace of the GitHub delivery locks.
 pub const GITHUB_NAMESPACE: &str = "github";
+/// Time limits when the environment sets none. The request timeout leaves
+/// a waiting GitHub duplicate ([`GITHUB_WAIT`]) and the work time to end.
+pub const DEFAULT_TIMEOUTS: Timeouts = Timeouts {
+    header: Duration::from_secs(10),
+    body: Duration::from_secs(10),
+    request: Duration::from_secs(30),
+};
 
 const STRIPE_SIGNATURE: HeaderName = HeaderName::from_static("stripe-signature");
 const GITHUB_SIGNATURE: HeaderName = HeaderName::from_static("x-hub-signature-256");
@@ -227,14 +239,34 @@ struct Verifier {
 /// Middleware in front of the lock layer: reads the body (within
 /// [`MAX_BODY`]), checks the signature, and hands the same bytes on. A
 /// refused request never reaches the lock layer, so it costs no Redis work.
+///
+/// A declared `Content-Length` over the limit is answered `413` before a
+/// byte of the body is read; a body that stops short of its declared length
+/// runs into the server's body deadline and gets `408`.
 async fn verify_signature(State(v): State<Arc<Verifier>>, req: Request, next: Next) -> Response {
     let (parts, body) = req.into_parts();
+    let too_large = || {
+        problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("the webhook body is larger than {MAX_BODY} bytes"),
+        )
+    };
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return too_large();
+    }
     let body = match Limited::new(body, MAX_BODY).collect().await {
         Ok(collected) => collected.to_bytes(),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => return too_large(),
+        Err(e) if is_timeout(&*e) => {
+            tracing::info!(scheme = ?v.scheme, "webhook body not received in time");
             return problem(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("the webhook body is larger than {MAX_BODY} bytes"),
+                StatusCode::REQUEST_TIMEOUT,
+                "the webhook body did not arrive in time",
             );
         }
         Err(_) => {
@@ -266,6 +298,19 @@ async fn verify_signature(State(v): State<Arc<Verifier>>, req: Request, next: Ne
             problem(StatusCode::BAD_REQUEST, &format!("`{name}`: {why}"))
         }
         Some(Ok(())) => next.run(Request::from_parts(parts, Body::from(body))).await,
+    }
+}
+
+/// Whether a body error is (or wraps) the server's body deadline.
+fn is_timeout(mut e: &(dyn std::error::Error + 'static)) -> bool {
+    loop {
+        if e.is::<TimeoutError>() {
+            return true;
+        }
+        match e.source() {
+            Some(inner) => e = inner,
+            None => return false,
+        }
     }
 }
 
@@ -667,6 +712,8 @@ pub struct Settings {
     pub secret: String,
     /// Work per delivery.
     pub work: Duration,
+    /// How long a client may take.
+    pub timeouts: Timeouts,
 }
 
 impl Settings {
@@ -692,6 +739,7 @@ impl Settings {
             redis_url: get("REDIS_URL"),
             secret: get("WEBHOOK_SECRET").unwrap_or_else(|| DEFAULT_SECRET.to_owned()),
             work,
+            timeouts: Timeouts::from_lookup(&var, DEFAULT_TIMEOUTS)?,
         })
     }
 
@@ -724,16 +772,27 @@ async fn run() -> Result<(), Failure> {
                 "store: Redis at {} (locks, records and ledger)",
                 redact(url)
             );
-            serve(&settings, store, ledger).await
+            listen(&settings, store, ledger).await
         }
         None => {
             println!("store: in-memory (set REDIS_URL to use Redis)");
-            serve(&settings, MemoryStore::new(), Ledger::memory()).await
+            listen(&settings, MemoryStore::new(), Ledger::memory()).await
         }
     }
 }
 
-async fn serve<St: LockStore + Clone>(
+/// Serves `router` (an [`app`]) on `listener` within `timeouts` until
+/// `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    timeouts: Timeouts,
+    shutdown: impl Future<Output = ()>,
+) {
+    common::serve(listener, router, timeouts, shutdown).await;
+}
+
+async fn listen<St: LockStore + Clone>(
     settings: &Settings,
     store: St,
     ledger: Ledger,
@@ -745,16 +804,20 @@ async fn serve<St: LockStore + Clone>(
         .await
         .map_err(|e| Failure::Runtime(format!("cannot listen on {addr}: {e}")))?;
     let local = listener.local_addr().unwrap_or(addr);
+    let t = settings.timeouts;
     println!(
-        "work {} ms; listening on http://{local}",
-        settings.work.as_millis()
+        "work {} ms; timeouts: header {} ms, body {} ms, request {} ms",
+        settings.work.as_millis(),
+        t.header.as_millis(),
+        t.body.as_millis(),
+        t.request.as_millis(),
     );
+    println!("listening on http://{local}");
     println!("routes: POST /webhooks/stripe, POST /webhooks/github, GET /ledger");
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-            tracing::info!("shutting down");
-        })
-        .await
-        .map_err(|e| Failure::Runtime(format!("server failed: {e}")))
+    serve(listener, router, t, async {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutting down");
+    })
+    .await;
+    Ok(())
 }

@@ -14,6 +14,7 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod slow;
 pub mod stores;
 pub mod topology;
 
