@@ -30,7 +30,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use support::RedisServer;
+use support::{RedisServer, slow};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{Barrier, mpsc, oneshot};
@@ -280,11 +280,22 @@ fn counts(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
     pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
 }
 
-/// Serves `app` on 127.0.0.1 on a free port.
+/// Serves `app` on 127.0.0.1 on a free port, as the example's `main` does
+/// (its server, its default time limits).
 async fn serve(app: Router) -> SocketAddr {
+    serve_with(app, webhook::DEFAULT_TIMEOUTS).await
+}
+
+/// [`serve`] within `timeouts`.
+async fn serve_with(app: Router, timeouts: webhook::Timeouts) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    tokio::spawn(webhook::serve(
+        listener,
+        app,
+        timeouts,
+        std::future::pending(),
+    ));
     addr
 }
 
@@ -782,6 +793,132 @@ async fn a_waiting_github_delivery_runs_itself_when_the_first_one_fails() {
 }
 
 // ---------------------------------------------------------------------------
+// Slow clients: the body deadline, the Content-Length check, the request
+// timeout. Each test makes one limit short and the others longer than any
+// wait here.
+// ---------------------------------------------------------------------------
+
+/// Longer than any test waits: a limit that must not be the one that acts.
+const NEVER: Duration = Duration::from_secs(600);
+/// The one limit under test.
+const SHORT: Duration = Duration::from_millis(300);
+
+/// Timeouts read from the environment as the example's `main` does.
+fn timeouts(header: Duration, body: Duration, request: Duration) -> webhook::Timeouts {
+    let ms = |d: Duration| d.as_millis().to_string();
+    webhook::Settings::from_lookup(|name| match name {
+        "HEADER_TIMEOUT_MS" => Some(ms(header)),
+        "BODY_TIMEOUT_MS" => Some(ms(body)),
+        "REQUEST_TIMEOUT_MS" => Some(ms(request)),
+        _ => None,
+    })
+    .unwrap()
+    .timeouts
+}
+
+/// A signed delivery's head for `body` on `route`, declaring `length`
+/// bytes of body.
+fn signed_head(route: &str, body: &[u8], length: usize) -> String {
+    let signature = if route == STRIPE {
+        format!(
+            "Stripe-Signature: {}",
+            webhook::sign(SECRET, webhook::unix_now(), body)
+        )
+    } else {
+        format!(
+            "X-GitHub-Delivery: d-slow\r\nX-Hub-Signature-256: {}",
+            webhook::sign_github(SECRET, body)
+        )
+    };
+    format!(
+        "POST {route} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+         {signature}\r\nContent-Length: {length}\r\n\r\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_shorter_than_declared_gets_408_and_costs_no_redis_work() {
+    let server = RedisServer::start();
+    let (probe, _holds) = Probe::new();
+    let app = redis_app(&server, options(&probe));
+    let addr = serve_with(app.clone(), timeouts(NEVER, SHORT, NEVER)).await;
+    let body = event("evt_short", "charge.succeeded");
+
+    for route in [STRIPE, GITHUB] {
+        // The head promises the whole body; a third of it comes, then
+        // nothing, and the connection stays open on our side.
+        let mut client =
+            slow::open(addr, signed_head(route, &body, body.len()).as_bytes()).await;
+        client.write_all(&body[..body.len() / 3]).await.unwrap();
+        let closed = slow::until_closed(&mut client, LIMIT)
+            .await
+            .unwrap_or_else(|| panic!("{route}: a short body hung its connection"));
+        assert_eq!(closed.status(), Some(408), "{route}: {}", closed.text());
+        assert!(
+            closed.text().contains("did not arrive in time"),
+            "{route}: {}",
+            closed.text()
+        );
+    }
+    assert_eq!(probe.total_runs(), 0);
+    assert_eq!(server.dbsize(), 0, "keys written: {:?}", server.keys());
+    // The whole body on time goes through.
+    send_tcp(addr, stripe(&body)).await.original("evt_short");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_over_limit_content_length_gets_413_before_the_body_is_read() {
+    let server = RedisServer::start();
+    let (probe, _holds) = Probe::new();
+    let app = redis_app(&server, options(&probe));
+    let addr = serve_with(app, timeouts(NEVER, NEVER, NEVER)).await;
+    let body = event("evt_huge", "charge.succeeded");
+
+    for route in [STRIPE, GITHUB] {
+        // Only the head is sent: an answer can only come from the head.
+        let head = signed_head(route, &body, webhook::MAX_BODY + 1);
+        let mut client = slow::open(addr, head.as_bytes()).await;
+        let closed = slow::until_closed(&mut client, LIMIT)
+            .await
+            .unwrap_or_else(|| panic!("{route}: waited for an over-limit body"));
+        assert_eq!(closed.status(), Some(413), "{route}: {}", closed.text());
+    }
+    assert_eq!(probe.total_runs(), 0);
+    assert_eq!(server.dbsize(), 0, "keys written: {:?}", server.keys());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_past_the_request_timeout_gets_408_and_the_retry_applies_once() {
+    let server = RedisServer::start();
+    let (probe, mut holds) = Probe::new();
+    let app = redis_app(&server, options(&probe));
+    let addr = serve_with(app.clone(), timeouts(NEVER, NEVER, SHORT)).await;
+    let id = "evt_stuck";
+    probe.plan(id, [Step::Hold]);
+    let body = event(id, "charge.succeeded");
+
+    // The delivery hangs in its handler, holding the lock, until the
+    // request timeout drops it.
+    let reply = send_tcp(addr, stripe(&body)).await;
+    assert_eq!(reply.status, StatusCode::REQUEST_TIMEOUT, "{reply:?}");
+    let stuck = held(&mut holds).await;
+    until("the stuck delivery is cancelled", || stuck.release.is_closed()).await;
+    until("the stuck delivery's lock is released", || {
+        !exists(&server, "trl:{stripe:evt_stuck}:lock")
+    })
+    .await;
+    assert!(!exists(&server, "trl:{stripe:evt_stuck}:record"));
+    assert_eq!(ledger(&app).await, counts(&[]));
+
+    // Stripe retries; this time it completes, once.
+    let retry = until_not_contended(&app, || stripe(&body)).await;
+    retry.original(id);
+    send(&app, stripe(&body)).await.replay_of(&retry);
+    assert_eq!(probe.runs(id), 2);
+    assert_eq!(ledger(&app).await, counts(&[(id, 1)]));
+}
+
+// ---------------------------------------------------------------------------
 // The ledger's fencing rule, and the memory store
 // ---------------------------------------------------------------------------
 
@@ -885,6 +1022,8 @@ fn signatures_and_settings() {
     assert_eq!(s.redis_url, None);
     assert_eq!(s.secret, webhook::DEFAULT_SECRET);
     assert_eq!(s.work, webhook::DEFAULT_WORK);
+    assert_eq!(s.timeouts, webhook::DEFAULT_TIMEOUTS);
+    assert!(s.timeouts.request > webhook::GITHUB_WAIT);
     let s = webhook::Settings::from_lookup(env(&[
         ("PORT", "0"),
         ("WORK_MS", " 5 "),
@@ -896,7 +1035,14 @@ fn signatures_and_settings() {
         (s.port, s.work, s.secret.as_str(), s.redis_url.as_deref()),
         (0, Duration::from_millis(5), "whsec_x", Some("redis://h/"))
     );
-    for (name, bad) in [("PORT", "70000"), ("PORT", "x"), ("WORK_MS", "-1")] {
+    for (name, bad) in [
+        ("PORT", "70000"),
+        ("PORT", "x"),
+        ("WORK_MS", "-1"),
+        ("HEADER_TIMEOUT_MS", "0"),
+        ("BODY_TIMEOUT_MS", "1.5"),
+        ("REQUEST_TIMEOUT_MS", "x"),
+    ] {
         let err = webhook::Settings::from_lookup(|n: &str| (n == name).then(|| bad.to_owned()))
             .unwrap_err();
         assert!(err.starts_with(name), "{err}");
