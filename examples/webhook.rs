@@ -29,10 +29,17 @@
 //!   locked and deduplicated on its JSON `id` (namespace `stripe`): a
 //!   duplicate in flight gets `409`, a completed one its stored answer.
 //! * `POST /webhooks/github` checks `X-Hub-Signature-256: sha256=<hex
-//!   HMAC-SHA256 of the raw body>` the same way, then locks on the
-//!   `X-GitHub-Delivery` header (namespace `github`). GitHub does not retry
-//!   by itself, so a duplicate that arrives while the first runs *waits*
-//!   (up to 10 s) and gets the first one's answer replayed.
+//!   HMAC-SHA256 of the raw body>` the same way (and wants one
+//!   `X-GitHub-Delivery` header), then locks and deduplicates on the
+//!   SHA-256 digest of the body ([`KeyFrom::body_digest`], namespace
+//!   `github`). GitHub signs the body and nothing else: the delivery id is
+//!   unsigned, and anyone who captured a delivery can send it again under
+//!   fresh delivery ids. Keyed on the body, such a replay is the same
+//!   delivery: it gets the stored answer (or waits for the first) and
+//!   applies nothing. The delivery id is kept as information, in the logs,
+//!   the ledger entry and the answer. GitHub does not retry by itself, so a
+//!   duplicate that arrives while the first runs *waits* (up to 10 s) and
+//!   gets the first one's answer replayed.
 //! * `GET /ledger` answers `{"<event id>": <times applied>, ...}`.
 //!
 //! Applying an event means counting it in the ledger, with the lock's
@@ -42,11 +49,27 @@
 //! instead of counting twice. Each handler works `WORK_MS` first, then
 //! applies and answers `200 {"received": true, "id": ...}`.
 //!
-//! What the lock and the record cannot cover: the ledger write and the
-//! stored answer are two steps. A crash between them (after the count, before
-//! the record) lets the next delivery count again. Where that matters, make
-//! the effect itself idempotent as well (a unique constraint on the event
-//! id in the same transaction as the effect).
+//! What the lock and the record cannot cover:
+//!
+//! * The ledger write and the stored answer are two steps. A crash between
+//!   them (after the count, before the record), or the request timeout
+//!   striking there, lets the next delivery count again. Where that
+//!   matters, make the effect itself idempotent as well (a unique
+//!   constraint on the event id in the same transaction as the effect).
+//! * GitHub signs no timestamp: a captured delivery replayed *after* its
+//!   record expired (`RETENTION`, three days) is applied again, and nothing
+//!   in the request can tell it from a new one. Stripe's signed timestamp
+//!   (5-minute tolerance) closes that door for Stripe.
+//! * Two genuinely different GitHub deliveries whose bodies are byte for
+//!   byte the same count as one (the second gets the first's answer).
+//!   GitHub's payloads name the repository, the hook and the commit or
+//!   object they report, so two distinct events rarely share every byte.
+//!
+//! Slow clients are cut off (see [`DEFAULT_TIMEOUTS`]): a head not sent
+//! whole within `HEADER_TIMEOUT_MS` closes the connection, a body that stops
+//! short of its `Content-Length` gets `408` after `BODY_TIMEOUT_MS`, and a
+//! declared `Content-Length` over [`MAX_BODY`] gets `413` before a byte of
+//! the body is read.
 //!
 //! Environment:
 //!
@@ -259,6 +282,14 @@ async fn verify_signature(State(v): State<Arc<Verifier>>, req: Request, next: Ne
     if declared.is_some_and(|n| n > MAX_BODY as u64) {
         return too_large();
     }
+    if matches!(v.scheme, Scheme::GitHub) && !one_delivery_id(&parts.headers) {
+        // The ledger and the logs name each delivery by it; without one,
+        // the request is not GitHub's.
+        return problem(
+            StatusCode::BAD_REQUEST,
+            &format!("missing, repeated or unreadable `{GITHUB_DELIVERY}` header"),
+        );
+    }
     let body = match Limited::new(body, MAX_BODY).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => return too_large(),
@@ -297,8 +328,28 @@ async fn verify_signature(State(v): State<Arc<Verifier>>, req: Request, next: Ne
             tracing::info!(scheme = ?v.scheme, why, "webhook signature refused");
             problem(StatusCode::BAD_REQUEST, &format!("`{name}`: {why}"))
         }
-        Some(Ok(())) => next.run(Request::from_parts(parts, Body::from(body))).await,
+        Some(Ok(())) => {
+            let delivery = header_str(&parts.headers, &GITHUB_DELIVERY).map(str::to_owned);
+            let res = next.run(Request::from_parts(parts, Body::from(body))).await;
+            if res.headers().get("idempotent-replayed").is_some() {
+                // A duplicate (for GitHub maybe a replay under a new delivery
+                // id): answered from the record, nothing applied.
+                tracing::info!(
+                    scheme = ?v.scheme,
+                    delivery = delivery.as_deref().unwrap_or("-"),
+                    "duplicate delivery answered with the stored response"
+                );
+            }
+            res
+        }
     }
+}
+
+/// Whether the request has exactly one readable, non-empty delivery id.
+fn one_delivery_id(headers: &HeaderMap) -> bool {
+    let mut all = headers.get_all(&GITHUB_DELIVERY).iter();
+    let one = all.next().and_then(|v| v.to_str().ok());
+    all.next().is_none() && one.is_some_and(|v| !v.is_empty())
 }
 
 /// Whether a body error is (or wraps) the server's body deadline.
@@ -565,12 +616,14 @@ pub fn app<St: LockStore + Clone>(
     .idempotent(remember.clone())
     .build()?;
     // GitHub does not retry: an in-flight duplicate waits for the answer.
+    // Keyed on the signed body, not on the unsigned delivery id: a captured
+    // delivery replayed under new delivery ids is still a duplicate.
     let github_lock = LockLayer::builder(
         Locker::builder(store)
             .lease(opts.lease)
             .wait_timeout(opts.github_wait)
             .build()?,
-        KeyFrom::header(GITHUB_DELIVERY),
+        KeyFrom::body_digest(),
     )
     .namespace(GITHUB_NAMESPACE)
     .body_limit(MAX_BODY)
@@ -631,6 +684,8 @@ async fn github(
     guard: LockGuard,
     headers: HeaderMap,
 ) -> Response {
+    // Checked before the lock (`verify_signature`); the lock and the
+    // record are the body's, the delivery id names the entry in the ledger.
     match header_str(&headers, &GITHUB_DELIVERY) {
         Some(id) => deliver(&app, "github", id, &guard).await,
         None => problem(StatusCode::BAD_REQUEST, "missing `X-GitHub-Delivery`"),
@@ -640,7 +695,13 @@ async fn github(
 /// Works, then applies the event with the lock's fencing token.
 async fn deliver(app: &AppState, source: &str, id: &str, guard: &LockGuard) -> Response {
     let token = guard.fencing_token();
-    tracing::info!(source, id, fencing_token = token.get(), "delivery started");
+    tracing::info!(
+        source,
+        id,
+        lock_key = %guard.key(),
+        fencing_token = token.get(),
+        "delivery started"
+    );
     if let Some(hook) = &app.before_apply
         && let Err(e) = hook(id).await
     {

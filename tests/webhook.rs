@@ -730,7 +730,7 @@ async fn concurrent_github_deliveries_wait_and_the_second_gets_the_replay() {
     let second = spawn(github(delivery, &body));
 
     // The second waits: it has subscribed to the key's release channel.
-    let channel = format!("trl:{{github:{delivery}}}:released");
+    let channel = released_channel(&body);
     until("the second delivery waits for the first", || {
         let reply = server.cmd(&["PUBSUB", "NUMSUB", &channel]);
         let items = reply.as_array().unwrap();
@@ -747,10 +747,16 @@ async fn concurrent_github_deliveries_wait_and_the_second_gets_the_replay() {
     assert_eq!(probe.runs(delivery), 1);
     assert_eq!(ledger(&app).await, counts(&[(delivery, 1)]));
 
-    // Without a delivery id there is no key: 400 from the lock layer.
+    // Without a delivery id the request is not GitHub's: 400 before the
+    // lock, whatever its body (here an applied one, whose record would
+    // otherwise answer).
     let mut req = github(delivery, &body);
     req.headers_mut().remove("x-github-delivery");
-    send(&app, req).await.problem(StatusCode::BAD_REQUEST);
+    let p = send(&app, req).await.problem(StatusCode::BAD_REQUEST);
+    assert!(
+        p["detail"].as_str().unwrap().contains("x-github-delivery"),
+        "{p}"
+    );
     // Keys are per endpoint: a Stripe event with the same id is its own.
     let same_id = event(delivery, "charge.succeeded");
     send(&app, stripe(&same_id)).await.original(delivery);
@@ -773,7 +779,7 @@ async fn a_waiting_github_delivery_runs_itself_when_the_first_one_fails() {
     let first = spawn(github(delivery, &body));
     let held_first = held(&mut holds).await;
     let second = spawn(github(delivery, &body));
-    let channel = format!("trl:{{github:{delivery}}}:released");
+    let channel = released_channel(&body);
     until("the second delivery waits for the first", || {
         let reply = server.cmd(&["PUBSUB", "NUMSUB", &channel]);
         reply.as_array().unwrap()[1].as_int().unwrap() >= 1
@@ -847,8 +853,7 @@ async fn a_body_shorter_than_declared_gets_408_and_costs_no_redis_work() {
     for route in [STRIPE, GITHUB] {
         // The head promises the whole body; a third of it comes, then
         // nothing, and the connection stays open on our side.
-        let mut client =
-            slow::open(addr, signed_head(route, &body, body.len()).as_bytes()).await;
+        let mut client = slow::open(addr, signed_head(route, &body, body.len()).as_bytes()).await;
         client.write_all(&body[..body.len() / 3]).await.unwrap();
         let closed = slow::until_closed(&mut client, LIMIT)
             .await
@@ -902,7 +907,10 @@ async fn a_delivery_past_the_request_timeout_gets_408_and_the_retry_applies_once
     let reply = send_tcp(addr, stripe(&body)).await;
     assert_eq!(reply.status, StatusCode::REQUEST_TIMEOUT, "{reply:?}");
     let stuck = held(&mut holds).await;
-    until("the stuck delivery is cancelled", || stuck.release.is_closed()).await;
+    until("the stuck delivery is cancelled", || {
+        stuck.release.is_closed()
+    })
+    .await;
     until("the stuck delivery's lock is released", || {
         !exists(&server, "trl:{stripe:evt_stuck}:lock")
     })
@@ -916,6 +924,133 @@ async fn a_delivery_past_the_request_timeout_gets_408_and_the_retry_applies_once
     send(&app, stripe(&body)).await.replay_of(&retry);
     assert_eq!(probe.runs(id), 2);
     assert_eq!(ledger(&app).await, counts(&[(id, 1)]));
+}
+
+// ---------------------------------------------------------------------------
+// GitHub replays: the delivery id is unsigned, the body is not
+// ---------------------------------------------------------------------------
+
+/// Lowercase hex SHA-256 of `body`: the GitHub route's lock id.
+fn digest(body: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(body))
+}
+
+/// The release channel of the GitHub lock on `body`.
+fn released_channel(body: &[u8]) -> String {
+    format!("trl:{{github:{}}}:released", digest(body))
+}
+
+/// A captured, validly signed delivery is sent again under fresh delivery
+/// ids, one after another and then all at once while the first still runs:
+/// one effect each time, every replay answered with the first's response.
+/// `waiting(body)` tells whether a duplicate waits for the lock on `body`
+/// (the store's own signal, where it has one).
+async fn replays_with_fresh_delivery_ids_apply_once(
+    app: Router,
+    probe: Arc<Probe>,
+    mut holds: mpsc::UnboundedReceiver<Held>,
+    waiting: impl Fn(&[u8]) -> bool,
+) {
+    const N: usize = 8;
+    // One after another.
+    let push = Bytes::from_static(br#"{"ref":"refs/heads/main","after":"5f1c0de"}"#);
+    let first = send(&app, github("d-original", &push)).await;
+    first.original("d-original");
+    for i in 0..3 {
+        send(&app, github(&format!("d-replay-{i}"), &push))
+            .await
+            .replay_of(&first);
+    }
+    assert_eq!(probe.total_runs(), 1, "a replay ran the handler");
+
+    // All at once, while the first delivery of another body still runs.
+    let entered = Arc::new(AtomicUsize::new(0));
+    let counted = {
+        let entered = entered.clone();
+        app.clone().layer(axum::middleware::from_fn(
+            move |req, next: axum::middleware::Next| {
+                entered.fetch_add(1, Ordering::SeqCst);
+                next.run(req)
+            },
+        ))
+    };
+    let opened = Bytes::from_static(br#"{"action":"opened","number":12}"#);
+    probe.plan("d-held", [Step::Hold]);
+    let spawn = |req: Request<Body>| {
+        let app = counted.clone();
+        tokio::spawn(async move { send(&app, req).await })
+    };
+    let held_first = spawn(github("d-held", &opened));
+    let gate = held(&mut holds).await;
+    assert_eq!(gate.id, "d-held");
+    let replays: Vec<_> = (0..N)
+        .map(|i| spawn(github(&format!("d-storm-{i}"), &opened)))
+        .collect();
+    until("the replays are inside and wait for the lock", || {
+        entered.load(Ordering::SeqCst) == N + 1 && waiting(&opened)
+    })
+    .await;
+    assert!(
+        replays.iter().all(|r| !r.is_finished()),
+        "a replay was answered while the first ran"
+    );
+    gate.release.send(()).unwrap();
+    let first = timeout(LIMIT, held_first).await.unwrap().unwrap();
+    first.original("d-held");
+    for r in replays {
+        timeout(LIMIT, r).await.unwrap().unwrap().replay_of(&first);
+    }
+
+    assert_eq!(probe.total_runs(), 2, "a replay ran the handler");
+    assert_eq!(probe.max_in_flight(), 1);
+    // One entry per body, under the delivery id that applied it.
+    assert_eq!(
+        ledger(&app).await,
+        counts(&[("d-original", 1), ("d-held", 1)])
+    );
+    // Another body is another delivery, whatever its delivery id says.
+    let other = Bytes::from_static(br#"{"ref":"refs/heads/main","after":"5f1c0df"}"#);
+    send(&app, github("d-replay-0", &other))
+        .await
+        .original("d-replay-0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_github_delivery_with_fresh_delivery_ids_applies_once_on_redis() {
+    let server = RedisServer::start();
+    let (probe, holds) = Probe::new();
+    let app = redis_app(&server, options(&probe));
+    replays_with_fresh_delivery_ids_apply_once(app, probe, holds, |body| {
+        let reply = server.cmd(&["PUBSUB", "NUMSUB", &released_channel(body)]);
+        reply.as_array().unwrap()[1].as_int().unwrap() >= 1
+    })
+    .await;
+    // The lock and the record are the body's, not the delivery id's.
+    let push = br#"{"ref":"refs/heads/main","after":"5f1c0de"}"#;
+    assert!(exists(
+        &server,
+        &format!("trl:{{github:{}}}:record", digest(push))
+    ));
+    let keys = server.keys();
+    assert!(
+        keys.iter().all(|k| !k.starts_with("trl:{github:d-")),
+        "a key of a delivery id: {keys:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_github_delivery_with_fresh_delivery_ids_applies_once_in_memory() {
+    let (probe, holds) = Probe::new();
+    let store = MemoryStore::new();
+    let app = webhook::app(store.clone(), Ledger::memory(), options(&probe)).unwrap();
+    let key = |body: &[u8]| tower_redis_lock::LockKey::new("github", digest(body)).unwrap();
+    // The memory store shows the lock held, not its waiters: the replays
+    // entered the app while it was held.
+    replays_with_fresh_delivery_ids_apply_once(app, probe, holds, |body| {
+        store.is_locked(&key(body))
+    })
+    .await;
 }
 
 // ---------------------------------------------------------------------------
