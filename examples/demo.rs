@@ -30,15 +30,26 @@
 //! | `REDIS_URL`     | unset   | use Redis at this URL; unset: in-memory store     |
 //! | `LOCK_LEASE_MS` | 30000   | lease, renewed every lease/3 while a job runs     |
 //! | `LOCK_WAIT_MS`  | 0       | how long a request waits for a held lock (0: 409 at once) |
+//! | `HEADER_TIMEOUT_MS`  | 10000 | a request head must arrive whole within this, or the connection is closed |
+//! | `BODY_TIMEOUT_MS`    | 10000 | a request body must arrive whole within this after the head |
+//! | `REQUEST_TIMEOUT_MS` | 75000 | answer within this, or the job is dropped (its lock released) and the client gets `408` |
 //! | `RUST_LOG`      | info    | log filter (`tracing_subscriber::EnvFilter`)      |
 //!
 //! A bad value is reported with the variable's name and exits with code 2.
+//!
+//! The server closes a connection whose client is slow or silent (see
+//! [`DEFAULT_TIMEOUTS`]): a head trickled a byte at a time is cut off after
+//! `HEADER_TIMEOUT_MS`, as is an idle kept-alive connection. The default
+//! request timeout leaves the longest job (60 s) the time to finish; a
+//! shorter `REQUEST_TIMEOUT_MS` cuts longer jobs off with `408`.
 
 #[path = "common/mod.rs"]
 mod common;
 
+pub use common::Timeouts;
 use common::{Failure, redact};
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -56,6 +67,13 @@ pub const DEFAULT_WORK: Duration = Duration::from_millis(100);
 pub const MAX_WORK: Duration = Duration::from_secs(60);
 /// Namespace of the job locks.
 pub const NAMESPACE: &str = "jobs";
+/// Time limits when the environment sets none. The request timeout leaves
+/// the longest job ([`MAX_WORK`]) room to finish.
+pub const DEFAULT_TIMEOUTS: Timeouts = Timeouts {
+    header: Duration::from_secs(10),
+    body: Duration::from_secs(10),
+    request: Duration::from_secs(75),
+};
 
 /// The demo's routes around `locker`: `POST /jobs/{id}` under the lock
 /// layer, `GET /healthz` outside it.
@@ -116,6 +134,8 @@ pub struct Settings {
     pub lease: Duration,
     /// Wait timeout for a held lock.
     pub wait: Duration,
+    /// How long a client may take.
+    pub timeouts: Timeouts,
 }
 
 impl Settings {
@@ -143,6 +163,7 @@ impl Settings {
             redis_url: get("REDIS_URL"),
             lease: Duration::from_millis(number("LOCK_LEASE_MS", 30_000)?),
             wait: Duration::from_millis(number("LOCK_WAIT_MS", 0)?),
+            timeouts: Timeouts::from_lookup(&var, DEFAULT_TIMEOUTS)?,
         })
     }
 
@@ -175,35 +196,50 @@ async fn run() -> Result<(), Failure> {
                 .map_err(|e| Failure::Usage(format!("REDIS_URL is not valid: {e}")))?;
             let locker = settings.locker(store).map_err(Failure::Usage)?;
             println!("store: Redis at {}", redact(url));
-            serve(settings.port, locker).await
+            listen(&settings, locker).await
         }
         None => {
             let locker = settings
                 .locker(MemoryStore::new())
                 .map_err(Failure::Usage)?;
             println!("store: in-memory (set REDIS_URL to use Redis)");
-            serve(settings.port, locker).await
+            listen(&settings, locker).await
         }
     }
 }
 
-async fn serve<St: LockStore>(port: u16, locker: Locker<St>) -> Result<(), Failure> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+/// Serves the demo's [`app`] on `listener` within `timeouts` until
+/// `shutdown` completes.
+pub async fn serve<St: LockStore>(
+    listener: tokio::net::TcpListener,
+    locker: Locker<St>,
+    timeouts: Timeouts,
+    shutdown: impl Future<Output = ()>,
+) {
+    common::serve(listener, app(locker), timeouts, shutdown).await;
+}
+
+async fn listen<St: LockStore>(settings: &Settings, locker: Locker<St>) -> Result<(), Failure> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, settings.port));
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| Failure::Runtime(format!("cannot listen on {addr}: {e}")))?;
     let local = listener.local_addr().unwrap_or(addr);
+    let t = settings.timeouts;
     println!(
-        "lease {} ms, wait {} ms; listening on http://{local}",
+        "lease {} ms, wait {} ms; timeouts: header {} ms, body {} ms, request {} ms",
         locker.lease().as_millis(),
-        locker.wait_timeout().as_millis()
+        locker.wait_timeout().as_millis(),
+        t.header.as_millis(),
+        t.body.as_millis(),
+        t.request.as_millis(),
     );
+    println!("listening on http://{local}");
     println!("try: curl -i -X POST 'http://{local}/jobs/42?work_ms=5000'");
-    axum::serve(listener, app(locker))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-            tracing::info!("shutting down");
-        })
-        .await
-        .map_err(|e| Failure::Runtime(format!("server failed: {e}")))
+    serve(listener, locker, t, async {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutting down");
+    })
+    .await;
+    Ok(())
 }

@@ -29,10 +29,17 @@
 //!   locked and deduplicated on its JSON `id` (namespace `stripe`): a
 //!   duplicate in flight gets `409`, a completed one its stored answer.
 //! * `POST /webhooks/github` checks `X-Hub-Signature-256: sha256=<hex
-//!   HMAC-SHA256 of the raw body>` the same way, then locks on the
-//!   `X-GitHub-Delivery` header (namespace `github`). GitHub does not retry
-//!   by itself, so a duplicate that arrives while the first runs *waits*
-//!   (up to 10 s) and gets the first one's answer replayed.
+//!   HMAC-SHA256 of the raw body>` the same way (and wants one
+//!   `X-GitHub-Delivery` header), then locks and deduplicates on the
+//!   SHA-256 digest of the body ([`KeyFrom::body_digest`], namespace
+//!   `github`). GitHub signs the body and nothing else: the delivery id is
+//!   unsigned, and anyone who captured a delivery can send it again under
+//!   fresh delivery ids. Keyed on the body, such a replay is the same
+//!   delivery: it gets the stored answer (or waits for the first) and
+//!   applies nothing. The delivery id is kept as information, in the logs,
+//!   the ledger entry and the answer. GitHub does not retry by itself, so a
+//!   duplicate that arrives while the first runs *waits* (up to 10 s) and
+//!   gets the first one's answer replayed.
 //! * `GET /ledger` answers `{"<event id>": <times applied>, ...}`.
 //!
 //! Applying an event means counting it in the ledger, with the lock's
@@ -42,11 +49,27 @@
 //! instead of counting twice. Each handler works `WORK_MS` first, then
 //! applies and answers `200 {"received": true, "id": ...}`.
 //!
-//! What the lock and the record cannot cover: the ledger write and the
-//! stored answer are two steps. A crash between them (after the count, before
-//! the record) lets the next delivery count again. Where that matters, make
-//! the effect itself idempotent as well (a unique constraint on the event
-//! id in the same transaction as the effect).
+//! What the lock and the record cannot cover:
+//!
+//! * The ledger write and the stored answer are two steps. A crash between
+//!   them (after the count, before the record), or the request timeout
+//!   striking there, lets the next delivery count again. Where that
+//!   matters, make the effect itself idempotent as well (a unique
+//!   constraint on the event id in the same transaction as the effect).
+//! * GitHub signs no timestamp: a captured delivery replayed *after* its
+//!   record expired (`RETENTION`, three days) is applied again, and nothing
+//!   in the request can tell it from a new one. Stripe's signed timestamp
+//!   (5-minute tolerance) closes that door for Stripe.
+//! * Two genuinely different GitHub deliveries whose bodies are byte for
+//!   byte the same count as one (the second gets the first's answer).
+//!   GitHub's payloads name the repository, the hook and the commit or
+//!   object they report, so two distinct events rarely share every byte.
+//!
+//! Slow clients are cut off (see [`DEFAULT_TIMEOUTS`]): a head not sent
+//! whole within `HEADER_TIMEOUT_MS` closes the connection, a body that stops
+//! short of its `Content-Length` gets `408` after `BODY_TIMEOUT_MS`, and a
+//! declared `Content-Length` over [`MAX_BODY`] gets `413` before a byte of
+//! the body is read.
 //!
 //! Environment:
 //!
@@ -56,6 +79,9 @@
 //! | `REDIS_URL`      | unset        | locks, records and ledger in Redis; unset: in memory |
 //! | `WEBHOOK_SECRET` | `whsec_demo` | signing secret (the demo uses one for both providers) |
 //! | `WORK_MS`        | 200          | how long a delivery works before it applies    |
+//! | `HEADER_TIMEOUT_MS`  | 10000    | a request head must arrive whole within this, or the connection is closed |
+//! | `BODY_TIMEOUT_MS`    | 10000    | a body must arrive whole within this after the head, or `408` |
+//! | `REQUEST_TIMEOUT_MS` | 30000    | answer within this, or the delivery is dropped (lock released, nothing stored) and the sender gets `408` |
 //! | `RUST_LOG`       | info         | log filter (`tracing_subscriber::EnvFilter`)   |
 //!
 //! A bad value is reported with the variable's name and exits with code 2.
@@ -63,6 +89,7 @@
 #[path = "common/mod.rs"]
 mod common;
 
+pub use common::Timeouts;
 use common::{Failure, redact};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -83,6 +110,7 @@ use bytes::Bytes;
 use hmac::{Hmac, Mac};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use sha2::Sha256;
+use tower_http::timeout::TimeoutError;
 use tower_redis_lock::deadpool_redis;
 use tower_redis_lock::layer::PROBLEM_JSON;
 use tower_redis_lock::{
@@ -111,6 +139,13 @@ pub const LEDGER_PREFIX: &str = "ledger:{webhooks}:";
 pub const STRIPE_NAMESPACE: &str = "stripe";
 /// Namespace of the GitHub delivery locks.
 pub const GITHUB_NAMESPACE: &str = "github";
+/// Time limits when the environment sets none. The request timeout leaves
+/// a waiting GitHub duplicate ([`GITHUB_WAIT`]) and the work time to end.
+pub const DEFAULT_TIMEOUTS: Timeouts = Timeouts {
+    header: Duration::from_secs(10),
+    body: Duration::from_secs(10),
+    request: Duration::from_secs(30),
+};
 
 const STRIPE_SIGNATURE: HeaderName = HeaderName::from_static("stripe-signature");
 const GITHUB_SIGNATURE: HeaderName = HeaderName::from_static("x-hub-signature-256");
@@ -227,14 +262,42 @@ struct Verifier {
 /// Middleware in front of the lock layer: reads the body (within
 /// [`MAX_BODY`]), checks the signature, and hands the same bytes on. A
 /// refused request never reaches the lock layer, so it costs no Redis work.
+///
+/// A declared `Content-Length` over the limit is answered `413` before a
+/// byte of the body is read; a body that stops short of its declared length
+/// runs into the server's body deadline and gets `408`.
 async fn verify_signature(State(v): State<Arc<Verifier>>, req: Request, next: Next) -> Response {
     let (parts, body) = req.into_parts();
+    let too_large = || {
+        problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("the webhook body is larger than {MAX_BODY} bytes"),
+        )
+    };
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return too_large();
+    }
+    if matches!(v.scheme, Scheme::GitHub) && !one_delivery_id(&parts.headers) {
+        // The ledger and the logs name each delivery by it; without one,
+        // the request is not GitHub's.
+        return problem(
+            StatusCode::BAD_REQUEST,
+            &format!("missing, repeated or unreadable `{GITHUB_DELIVERY}` header"),
+        );
+    }
     let body = match Limited::new(body, MAX_BODY).collect().await {
         Ok(collected) => collected.to_bytes(),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => return too_large(),
+        Err(e) if is_timeout(&*e) => {
+            tracing::info!(scheme = ?v.scheme, "webhook body not received in time");
             return problem(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("the webhook body is larger than {MAX_BODY} bytes"),
+                StatusCode::REQUEST_TIMEOUT,
+                "the webhook body did not arrive in time",
             );
         }
         Err(_) => {
@@ -265,7 +328,40 @@ async fn verify_signature(State(v): State<Arc<Verifier>>, req: Request, next: Ne
             tracing::info!(scheme = ?v.scheme, why, "webhook signature refused");
             problem(StatusCode::BAD_REQUEST, &format!("`{name}`: {why}"))
         }
-        Some(Ok(())) => next.run(Request::from_parts(parts, Body::from(body))).await,
+        Some(Ok(())) => {
+            let delivery = header_str(&parts.headers, &GITHUB_DELIVERY).map(str::to_owned);
+            let res = next.run(Request::from_parts(parts, Body::from(body))).await;
+            if res.headers().get("idempotent-replayed").is_some() {
+                // A duplicate (for GitHub maybe a replay under a new delivery
+                // id): answered from the record, nothing applied.
+                tracing::info!(
+                    scheme = ?v.scheme,
+                    delivery = delivery.as_deref().unwrap_or("-"),
+                    "duplicate delivery answered with the stored response"
+                );
+            }
+            res
+        }
+    }
+}
+
+/// Whether the request has exactly one readable, non-empty delivery id.
+fn one_delivery_id(headers: &HeaderMap) -> bool {
+    let mut all = headers.get_all(&GITHUB_DELIVERY).iter();
+    let one = all.next().and_then(|v| v.to_str().ok());
+    all.next().is_none() && one.is_some_and(|v| !v.is_empty())
+}
+
+/// Whether a body error is (or wraps) the server's body deadline.
+fn is_timeout(mut e: &(dyn std::error::Error + 'static)) -> bool {
+    loop {
+        if e.is::<TimeoutError>() {
+            return true;
+        }
+        match e.source() {
+            Some(inner) => e = inner,
+            None => return false,
+        }
     }
 }
 
@@ -520,12 +616,14 @@ pub fn app<St: LockStore + Clone>(
     .idempotent(remember.clone())
     .build()?;
     // GitHub does not retry: an in-flight duplicate waits for the answer.
+    // Keyed on the signed body, not on the unsigned delivery id: a captured
+    // delivery replayed under new delivery ids is still a duplicate.
     let github_lock = LockLayer::builder(
         Locker::builder(store)
             .lease(opts.lease)
             .wait_timeout(opts.github_wait)
             .build()?,
-        KeyFrom::header(GITHUB_DELIVERY),
+        KeyFrom::body_digest(),
     )
     .namespace(GITHUB_NAMESPACE)
     .body_limit(MAX_BODY)
@@ -586,6 +684,8 @@ async fn github(
     guard: LockGuard,
     headers: HeaderMap,
 ) -> Response {
+    // Checked before the lock (`verify_signature`); the lock and the
+    // record are the body's, the delivery id names the entry in the ledger.
     match header_str(&headers, &GITHUB_DELIVERY) {
         Some(id) => deliver(&app, "github", id, &guard).await,
         None => problem(StatusCode::BAD_REQUEST, "missing `X-GitHub-Delivery`"),
@@ -595,7 +695,13 @@ async fn github(
 /// Works, then applies the event with the lock's fencing token.
 async fn deliver(app: &AppState, source: &str, id: &str, guard: &LockGuard) -> Response {
     let token = guard.fencing_token();
-    tracing::info!(source, id, fencing_token = token.get(), "delivery started");
+    tracing::info!(
+        source,
+        id,
+        lock_key = %guard.key(),
+        fencing_token = token.get(),
+        "delivery started"
+    );
     if let Some(hook) = &app.before_apply
         && let Err(e) = hook(id).await
     {
@@ -667,6 +773,8 @@ pub struct Settings {
     pub secret: String,
     /// Work per delivery.
     pub work: Duration,
+    /// How long a client may take.
+    pub timeouts: Timeouts,
 }
 
 impl Settings {
@@ -692,6 +800,7 @@ impl Settings {
             redis_url: get("REDIS_URL"),
             secret: get("WEBHOOK_SECRET").unwrap_or_else(|| DEFAULT_SECRET.to_owned()),
             work,
+            timeouts: Timeouts::from_lookup(&var, DEFAULT_TIMEOUTS)?,
         })
     }
 
@@ -724,16 +833,27 @@ async fn run() -> Result<(), Failure> {
                 "store: Redis at {} (locks, records and ledger)",
                 redact(url)
             );
-            serve(&settings, store, ledger).await
+            listen(&settings, store, ledger).await
         }
         None => {
             println!("store: in-memory (set REDIS_URL to use Redis)");
-            serve(&settings, MemoryStore::new(), Ledger::memory()).await
+            listen(&settings, MemoryStore::new(), Ledger::memory()).await
         }
     }
 }
 
-async fn serve<St: LockStore + Clone>(
+/// Serves `router` (an [`app`]) on `listener` within `timeouts` until
+/// `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    timeouts: Timeouts,
+    shutdown: impl Future<Output = ()>,
+) {
+    common::serve(listener, router, timeouts, shutdown).await;
+}
+
+async fn listen<St: LockStore + Clone>(
     settings: &Settings,
     store: St,
     ledger: Ledger,
@@ -745,16 +865,20 @@ async fn serve<St: LockStore + Clone>(
         .await
         .map_err(|e| Failure::Runtime(format!("cannot listen on {addr}: {e}")))?;
     let local = listener.local_addr().unwrap_or(addr);
+    let t = settings.timeouts;
     println!(
-        "work {} ms; listening on http://{local}",
-        settings.work.as_millis()
+        "work {} ms; timeouts: header {} ms, body {} ms, request {} ms",
+        settings.work.as_millis(),
+        t.header.as_millis(),
+        t.body.as_millis(),
+        t.request.as_millis(),
     );
+    println!("listening on http://{local}");
     println!("routes: POST /webhooks/stripe, POST /webhooks/github, GET /ledger");
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-            tracing::info!("shutting down");
-        })
-        .await
-        .map_err(|e| Failure::Runtime(format!("server failed: {e}")))
+    serve(listener, router, t, async {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutting down");
+    })
+    .await;
+    Ok(())
 }

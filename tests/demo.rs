@@ -1,7 +1,8 @@
 //! The contract of `examples/demo.rs`, over real TCP.
 //!
-//! The example is compiled into this test (`#[path]` below) and its `app` is
-//! served with `axum::serve` on 127.0.0.1:0, with the memory store and with
+//! The example is compiled into this test (`#[path]` below) and served by
+//! its own `serve` (hyper with the example's time limits) on 127.0.0.1:0,
+//! with the memory store and with
 //! a real `redis-server` from the test support. The requests go through a
 //! real HTTP/1.1 client (hyper), so status lines, headers and bodies are
 //! what a user of `cargo run --example demo` sees.
@@ -10,6 +11,12 @@
 //! the locker reports the first request's lease (so the first is inside its
 //! handler), and the rare run where the first job ended before the second
 //! arrived is retried with a longer job.
+//!
+//! Slow clients (a head sent in part or a byte at a time, an idle
+//! connection, a job past the request timeout) run against a server whose
+//! one limit under test is short and whose others are longer than any wait
+//! here: the connection must close (or be answered) at all, within a
+//! generous bound, and no test measures how soon.
 
 mod support;
 
@@ -24,7 +31,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-use support::RedisServer;
+use support::{RedisServer, slow};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tower_redis_lock::{LockStore, Locker, MemoryStore, RedisStore};
@@ -87,13 +94,18 @@ struct Server {
 
 impl Server {
     async fn start<St: LockStore>(locker: Locker<St>) -> Server {
+        Server::start_with(locker, demo::DEFAULT_TIMEOUTS).await
+    }
+
+    async fn start_with<St: LockStore>(locker: Locker<St>, timeouts: demo::Timeouts) -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("local addr");
-        let task = tokio::spawn(async move {
-            axum::serve(listener, demo::app(locker))
-                .await
-                .expect("serve");
-        });
+        let task = tokio::spawn(demo::serve(
+            listener,
+            locker,
+            timeouts,
+            std::future::pending(),
+        ));
         Server { addr, task }
     }
 
@@ -267,6 +279,120 @@ async fn contract_with_redis() {
     );
 }
 
+// ---------------------------------------------------------------------------
+// Slow and silent clients
+// ---------------------------------------------------------------------------
+
+/// Longer than any test waits: a limit that must not be the one that acts.
+const NEVER: Duration = Duration::from_secs(600);
+/// The one limit under test.
+const SHORT: Duration = Duration::from_millis(300);
+
+/// Timeouts read from the environment as the demo's `main` does, so the
+/// variables themselves are under test.
+fn timeouts(header: Duration, body: Duration, request: Duration) -> demo::Timeouts {
+    let ms = |d: Duration| d.as_millis().to_string();
+    let s = demo::Settings::from_lookup(|name| match name {
+        "HEADER_TIMEOUT_MS" => Some(ms(header)),
+        "BODY_TIMEOUT_MS" => Some(ms(body)),
+        "REQUEST_TIMEOUT_MS" => Some(ms(request)),
+        _ => None,
+    })
+    .expect("timeout settings");
+    assert_eq!(s.timeouts.header, header);
+    s.timeouts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_sent_in_part_or_a_byte_at_a_time_is_cut_off() {
+    let locker = demo_locker(MemoryStore::new());
+    let server = Server::start_with(locker.clone(), timeouts(SHORT, NEVER, NEVER)).await;
+    let head = format!(
+        "POST /jobs/slow HTTP/1.1\r\nHost: {}\r\nX-Padding: {}\r\n\r\n",
+        server.addr,
+        "x".repeat(2_000)
+    );
+
+    let request = format!(
+        "POST /jobs/idle?work_ms=0 HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\n\r\n",
+        server.addr
+    );
+
+    // Four clients at once, each waited on until the server closes it.
+    let mut part = slow::open(server.addr, &head.as_bytes()[..30]).await;
+    let (mut trickled, write) = TcpStream::connect(server.addr)
+        .await
+        .expect("connect")
+        .into_split();
+    // The whole head, a byte every 20 ms, would take 40 s.
+    let writer = slow::trickle(write, head.clone().into_bytes(), Duration::from_millis(20));
+    let mut silent = slow::open(server.addr, b"").await;
+    // An idle kept-alive connection, after one whole request.
+    let mut idle = slow::open(server.addr, request.as_bytes()).await;
+    let (part, trickled, silent, idle) = tokio::join!(
+        slow::until_closed(&mut part, PATIENCE),
+        slow::until_closed(&mut trickled, PATIENCE),
+        slow::until_closed(&mut silent, PATIENCE),
+        slow::until_closed(&mut idle, PATIENCE),
+    );
+    let kept: Vec<&str> = [
+        ("a half-sent head", part.is_none()),
+        ("a trickled head", trickled.is_none()),
+        ("a silent connection", silent.is_none()),
+        ("an idle kept-alive connection", idle.is_none()),
+    ]
+    .into_iter()
+    .filter_map(|(what, kept)| kept.then_some(what))
+    .collect();
+    assert!(kept.is_empty(), "connections kept open: {kept:?}");
+    let part = part.unwrap();
+    assert!(part.status().is_none_or(|s| s == 408), "{}", part.text());
+    let (written, _write) = writer.await.expect("trickle task");
+    assert!(written < head.len(), "the whole trickled head got through");
+    let idle = idle.unwrap();
+    assert_eq!(idle.status(), Some(200), "{}", idle.text());
+
+    // None of them took a lock; the server still serves.
+    job_ok(&server.post("/jobs/slow?work_ms=0").await, "slow");
+    until("no lease is held", || locker.renewing() == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_shorter_than_declared_is_answered_and_closed() {
+    let locker = demo_locker(MemoryStore::new());
+    let server = Server::start_with(locker.clone(), timeouts(NEVER, SHORT, NEVER)).await;
+    // The job does not read its body: it is answered, and the connection,
+    // whose body never ends, is closed rather than kept for the rest. (hyper
+    // closes a connection whose request body was left unread, so this holds
+    // even without the body deadline; the webhook, which reads its bodies,
+    // is where the deadline acts: tests/webhook.rs.)
+    let head = format!(
+        "POST /jobs/short?work_ms=0 HTTP/1.1\r\nHost: {}\r\nContent-Length: 100\r\n\r\nonly ten b",
+        server.addr
+    );
+    let mut stream = slow::open(server.addr, head.as_bytes()).await;
+    let closed = slow::until_closed(&mut stream, PATIENCE)
+        .await
+        .expect("a body shorter than declared kept its connection");
+    assert_eq!(closed.status(), Some(200), "{}", closed.text());
+    until("no lease is held", || locker.renewing() == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_past_the_request_timeout_gets_408_and_its_lock_is_released() {
+    let locker = demo_locker(MemoryStore::new());
+    let server = Server::start_with(locker.clone(), timeouts(NEVER, NEVER, SHORT)).await;
+    // A job asked to work for longer than any wait here.
+    let reply = tokio::time::timeout(PATIENCE, server.post("/jobs/long?work_ms=60000"))
+        .await
+        .expect("the request timeout did not answer");
+    assert_eq!(reply.status, StatusCode::REQUEST_TIMEOUT, "{reply:?}");
+    assert!(reply.header("fencing-token").is_none());
+    // The dropped job released its lock: the id is free at once.
+    until("no lease is held", || locker.renewing() == 0).await;
+    job_ok(&server.post("/jobs/long?work_ms=0").await, "long");
+}
+
 #[test]
 fn settings_defaults() {
     let s = demo::Settings::from_lookup(|_| None).unwrap();
@@ -274,6 +400,8 @@ fn settings_defaults() {
     assert_eq!(s.redis_url, None);
     assert_eq!(s.lease, Duration::from_secs(30));
     assert_eq!(s.wait, Duration::ZERO);
+    assert_eq!(s.timeouts, demo::DEFAULT_TIMEOUTS);
+    assert!(s.timeouts.request > demo::MAX_WORK);
     let blank = demo::Settings::from_lookup(|_| Some(" ".into())).unwrap();
     assert_eq!(blank, s);
 }
@@ -306,6 +434,9 @@ fn bad_settings_name_the_variable() {
         ("PORT", "65536"),
         ("LOCK_LEASE_MS", "30s"),
         ("LOCK_WAIT_MS", "-1"),
+        ("HEADER_TIMEOUT_MS", "0"),
+        ("BODY_TIMEOUT_MS", "10s"),
+        ("REQUEST_TIMEOUT_MS", "-5"),
     ] {
         let err = demo::Settings::from_lookup(|name| (name == var).then(|| value.to_owned()))
             .expect_err(value);

@@ -617,7 +617,7 @@ async fn losing_the_lock_aborts_the_handler_with_503_when_asked() {
     // Renewed every lease/3: the key stays until we delete it.
     assert_eq!(
         redis_lock_keys(&server),
-        vec![&redis_name("jobs", "a", "lock")]
+        vec![redis_name("jobs", "a", "lock")]
     );
     assert!(!dropped.load(Ordering::SeqCst));
     assert_eq!(
@@ -792,4 +792,68 @@ async fn bad_settings_are_config_errors() {
         builder().body_limit(0).build().unwrap_err().setting(),
         "body_limit"
     );
+}
+
+#[tokio::test]
+async fn a_body_digest_key_is_the_sha256_of_the_exact_bytes_handed_on_unchanged() {
+    let app = Router::new()
+        .route(
+            "/webhooks/github",
+            post(|guard: LockGuard, body: Bytes| async move {
+                format!("{}\n{}", guard.key(), String::from_utf8_lossy(&body))
+            }),
+        )
+        .layer(
+            LockLayer::builder(Locker::new(MemoryStore::new()), KeyFrom::body_digest())
+                .namespace("github")
+                .body_limit(64)
+                .build()
+                .unwrap(),
+        );
+    let key_of = async |body: &'static str, delivery: &str| {
+        let r = send(
+            &app,
+            Request::post("/webhooks/github")
+                .header("x-github-delivery", delivery)
+                .body(Body::from(body))
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let text = r.text();
+        let (key, seen) = text.split_once('\n').unwrap();
+        assert_eq!(seen, body, "the handler got other bytes");
+        key.to_owned()
+    };
+    let push = "{\"ref\":\"refs/heads/main\",\n \"after\":\"abc\"}";
+    // `printf '%s' "$push" | sha256sum`, computed here the same way.
+    let digest = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(push.as_bytes()))
+    };
+    let first = key_of(push, "d-1").await;
+    assert_eq!(first, format!("github:{digest}"));
+    // The same body under another delivery id: the same key.
+    assert_eq!(key_of(push, "d-2").await, first);
+    // Another body, even the same JSON spelled otherwise: another key.
+    assert_ne!(
+        key_of("{\"ref\":\"refs/heads/main\",\"after\":\"abc\"}", "d-1").await,
+        first
+    );
+    assert_ne!(key_of("not json at all", "d-1").await, first);
+
+    // An empty body is no key; an over-limit one is refused on its
+    // Content-Length.
+    send(&app, post_to("/webhooks/github"))
+        .await
+        .problem(StatusCode::BAD_REQUEST);
+    send(
+        &app,
+        Request::post("/webhooks/github")
+            .header(http::header::CONTENT_LENGTH, "65")
+            .body(Body::from(vec![b'x'; 65]))
+            .unwrap(),
+    )
+    .await
+    .problem(StatusCode::PAYLOAD_TOO_LARGE);
 }

@@ -11,6 +11,7 @@
 //! reached, a Redis key gone, a waiter subscribed), bounded by [`LIMIT`].
 
 mod support;
+use support::stores::redis_name;
 
 use support::http::{Reply, read, send};
 
@@ -30,7 +31,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use support::RedisServer;
+use support::{RedisServer, slow};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{Barrier, mpsc, oneshot};
@@ -280,11 +281,22 @@ fn counts(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
     pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
 }
 
-/// Serves `app` on 127.0.0.1 on a free port.
+/// Serves `app` on 127.0.0.1 on a free port, as the example's `main` does
+/// (its server, its default time limits).
 async fn serve(app: Router) -> SocketAddr {
+    serve_with(app, webhook::DEFAULT_TIMEOUTS).await
+}
+
+/// [`serve`] within `timeouts`.
+async fn serve_with(app: Router, timeouts: webhook::Timeouts) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    tokio::spawn(webhook::serve(
+        listener,
+        app,
+        timeouts,
+        std::future::pending(),
+    ));
     addr
 }
 
@@ -417,8 +429,8 @@ async fn sequential_duplicates_are_replayed_byte_for_byte() {
     let first = send(&app, stripe(&body)).await;
     first.original(id);
     assert!(first.fencing() > 0);
-    assert!(exists(&server, "trl:{stripe:evt_seq}:record"));
-    assert!(!exists(&server, "trl:{stripe:evt_seq}:lock"));
+    assert!(exists(&server, &redis_name("stripe", "evt_seq", "record")));
+    assert!(!exists(&server, &redis_name("stripe", "evt_seq", "lock")));
     for _ in 0..3 {
         // Freshly signed each time, as a real retry would be.
         send(&app, stripe(&body)).await.replay_of(&first);
@@ -446,8 +458,11 @@ async fn a_failed_first_attempt_is_not_stored_and_the_retry_applies_once() {
     let p = failed.problem(StatusCode::INTERNAL_SERVER_ERROR);
     assert!(p["detail"].as_str().unwrap().contains("simulated"), "{p}");
     // 5xx is never stored, and the key is free at once.
-    assert!(!exists(&server, "trl:{stripe:evt_flaky}:record"));
-    assert!(!exists(&server, "trl:{stripe:evt_flaky}:lock"));
+    assert!(!exists(
+        &server,
+        &redis_name("stripe", "evt_flaky", "record")
+    ));
+    assert!(!exists(&server, &redis_name("stripe", "evt_flaky", "lock")));
     assert_eq!(ledger(&app).await, counts(&[]));
 
     let retry = send(&app, stripe(&body)).await;
@@ -478,10 +493,13 @@ async fn after_a_panic_the_next_delivery_runs_and_applies_once() {
 
     // Nothing was stored; the lock is released in the background.
     until("the crashed delivery's lock is released", || {
-        !exists(&server, "trl:{stripe:evt_crash}:lock")
+        !exists(&server, &redis_name("stripe", "evt_crash", "lock"))
     })
     .await;
-    assert!(!exists(&server, "trl:{stripe:evt_crash}:record"));
+    assert!(!exists(
+        &server,
+        &redis_name("stripe", "evt_crash", "record")
+    ));
     let retry = until_not_contended(&app, || stripe(&body)).await;
     retry.original(id);
     send(&app, stripe(&body)).await.replay_of(&retry);
@@ -511,7 +529,7 @@ async fn after_a_client_hangs_up_mid_delivery_the_next_one_runs_and_applies_once
     client.write_all(head.as_bytes()).await.unwrap();
     client.write_all(&body).await.unwrap();
     let first = held(&mut holds).await;
-    assert!(exists(&server, "trl:{stripe:evt_gone}:lock"));
+    assert!(exists(&server, &redis_name("stripe", "evt_gone", "lock")));
 
     // While it is held, a duplicate is refused and does not run.
     send(&app, stripe(&body))
@@ -526,10 +544,13 @@ async fn after_a_client_hangs_up_mid_delivery_the_next_one_runs_and_applies_once
     })
     .await;
     until("the abandoned delivery's lock is released", || {
-        !exists(&server, "trl:{stripe:evt_gone}:lock")
+        !exists(&server, &redis_name("stripe", "evt_gone", "lock"))
     })
     .await;
-    assert!(!exists(&server, "trl:{stripe:evt_gone}:record"));
+    assert!(!exists(
+        &server,
+        &redis_name("stripe", "evt_gone", "record")
+    ));
     assert_eq!(ledger(&app).await, counts(&[]));
 
     let retry = until_not_contended(&app, || stripe(&body)).await;
@@ -578,12 +599,12 @@ async fn once_the_record_expires_the_event_runs_again() {
     let first = send(&app, stripe(&body)).await;
     first.original(id);
     let ttl = server
-        .cmd(&["PTTL", "trl:{stripe:evt_old}:record"])
+        .cmd(&["PTTL", &redis_name("stripe", "evt_old", "record")])
         .as_int()
         .unwrap();
     assert!((1..=1000).contains(&ttl), "record PTTL {ttl}");
     until("the record expires", || {
-        !exists(&server, "trl:{stripe:evt_old}:record")
+        !exists(&server, &redis_name("stripe", "evt_old", "record"))
     })
     .await;
 
@@ -719,7 +740,7 @@ async fn concurrent_github_deliveries_wait_and_the_second_gets_the_replay() {
     let second = spawn(github(delivery, &body));
 
     // The second waits: it has subscribed to the key's release channel.
-    let channel = format!("trl:{{github:{delivery}}}:released");
+    let channel = released_channel(&body);
     until("the second delivery waits for the first", || {
         let reply = server.cmd(&["PUBSUB", "NUMSUB", &channel]);
         let items = reply.as_array().unwrap();
@@ -736,10 +757,16 @@ async fn concurrent_github_deliveries_wait_and_the_second_gets_the_replay() {
     assert_eq!(probe.runs(delivery), 1);
     assert_eq!(ledger(&app).await, counts(&[(delivery, 1)]));
 
-    // Without a delivery id there is no key: 400 from the lock layer.
+    // Without a delivery id the request is not GitHub's: 400 before the
+    // lock, whatever its body (here an applied one, whose record would
+    // otherwise answer).
     let mut req = github(delivery, &body);
     req.headers_mut().remove("x-github-delivery");
-    send(&app, req).await.problem(StatusCode::BAD_REQUEST);
+    let p = send(&app, req).await.problem(StatusCode::BAD_REQUEST);
+    assert!(
+        p["detail"].as_str().unwrap().contains("x-github-delivery"),
+        "{p}"
+    );
     // Keys are per endpoint: a Stripe event with the same id is its own.
     let same_id = event(delivery, "charge.succeeded");
     send(&app, stripe(&same_id)).await.original(delivery);
@@ -762,7 +789,7 @@ async fn a_waiting_github_delivery_runs_itself_when_the_first_one_fails() {
     let first = spawn(github(delivery, &body));
     let held_first = held(&mut holds).await;
     let second = spawn(github(delivery, &body));
-    let channel = format!("trl:{{github:{delivery}}}:released");
+    let channel = released_channel(&body);
     until("the second delivery waits for the first", || {
         let reply = server.cmd(&["PUBSUB", "NUMSUB", &channel]);
         reply.as_array().unwrap()[1].as_int().unwrap() >= 1
@@ -779,6 +806,264 @@ async fn a_waiting_github_delivery_runs_itself_when_the_first_one_fails() {
     assert_eq!(probe.max_in_flight(), 1);
     send(&app, github(delivery, &body)).await.replay_of(&b);
     assert_eq!(ledger(&app).await, counts(&[(delivery, 1)]));
+}
+
+// ---------------------------------------------------------------------------
+// Slow clients: the body deadline, the Content-Length check, the request
+// timeout. Each test makes one limit short and the others longer than any
+// wait here.
+// ---------------------------------------------------------------------------
+
+/// Longer than any test waits: a limit that must not be the one that acts.
+const NEVER: Duration = Duration::from_secs(600);
+/// The one limit under test.
+const SHORT: Duration = Duration::from_millis(300);
+
+/// Timeouts read from the environment as the example's `main` does.
+fn timeouts(header: Duration, body: Duration, request: Duration) -> webhook::Timeouts {
+    let ms = |d: Duration| d.as_millis().to_string();
+    webhook::Settings::from_lookup(|name| match name {
+        "HEADER_TIMEOUT_MS" => Some(ms(header)),
+        "BODY_TIMEOUT_MS" => Some(ms(body)),
+        "REQUEST_TIMEOUT_MS" => Some(ms(request)),
+        _ => None,
+    })
+    .unwrap()
+    .timeouts
+}
+
+/// A signed delivery's head for `body` on `route`, declaring `length`
+/// bytes of body.
+fn signed_head(route: &str, body: &[u8], length: usize) -> String {
+    let signature = if route == STRIPE {
+        format!(
+            "Stripe-Signature: {}",
+            webhook::sign(SECRET, webhook::unix_now(), body)
+        )
+    } else {
+        format!(
+            "X-GitHub-Delivery: d-slow\r\nX-Hub-Signature-256: {}",
+            webhook::sign_github(SECRET, body)
+        )
+    };
+    format!(
+        "POST {route} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+         {signature}\r\nContent-Length: {length}\r\n\r\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_shorter_than_declared_gets_408_and_costs_no_redis_work() {
+    let server = RedisServer::start();
+    let (probe, _holds) = Probe::new();
+    let app = redis_app(&server, options(&probe));
+    let addr = serve_with(app.clone(), timeouts(NEVER, SHORT, NEVER)).await;
+    let body = event("evt_short", "charge.succeeded");
+
+    for route in [STRIPE, GITHUB] {
+        // The head promises the whole body; a third of it comes, then
+        // nothing, and the connection stays open on our side.
+        let mut client = slow::open(addr, signed_head(route, &body, body.len()).as_bytes()).await;
+        client.write_all(&body[..body.len() / 3]).await.unwrap();
+        let closed = slow::until_closed(&mut client, LIMIT)
+            .await
+            .unwrap_or_else(|| panic!("{route}: a short body hung its connection"));
+        assert_eq!(closed.status(), Some(408), "{route}: {}", closed.text());
+        assert!(
+            closed.text().contains("did not arrive in time"),
+            "{route}: {}",
+            closed.text()
+        );
+    }
+    assert_eq!(probe.total_runs(), 0);
+    assert_eq!(server.dbsize(), 0, "keys written: {:?}", server.keys());
+    // The whole body on time goes through.
+    send_tcp(addr, stripe(&body)).await.original("evt_short");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_over_limit_content_length_gets_413_before_the_body_is_read() {
+    let server = RedisServer::start();
+    let (probe, _holds) = Probe::new();
+    let app = redis_app(&server, options(&probe));
+    let addr = serve_with(app, timeouts(NEVER, NEVER, NEVER)).await;
+    let body = event("evt_huge", "charge.succeeded");
+
+    for route in [STRIPE, GITHUB] {
+        // Only the head is sent: an answer can only come from the head.
+        let head = signed_head(route, &body, webhook::MAX_BODY + 1);
+        let mut client = slow::open(addr, head.as_bytes()).await;
+        let closed = slow::until_closed(&mut client, LIMIT)
+            .await
+            .unwrap_or_else(|| panic!("{route}: waited for an over-limit body"));
+        assert_eq!(closed.status(), Some(413), "{route}: {}", closed.text());
+    }
+    assert_eq!(probe.total_runs(), 0);
+    assert_eq!(server.dbsize(), 0, "keys written: {:?}", server.keys());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_past_the_request_timeout_gets_408_and_the_retry_applies_once() {
+    let server = RedisServer::start();
+    let (probe, mut holds) = Probe::new();
+    let app = redis_app(&server, options(&probe));
+    let addr = serve_with(app.clone(), timeouts(NEVER, NEVER, SHORT)).await;
+    let id = "evt_stuck";
+    probe.plan(id, [Step::Hold]);
+    let body = event(id, "charge.succeeded");
+
+    // The delivery hangs in its handler, holding the lock, until the
+    // request timeout drops it.
+    let reply = send_tcp(addr, stripe(&body)).await;
+    assert_eq!(reply.status, StatusCode::REQUEST_TIMEOUT, "{reply:?}");
+    let stuck = held(&mut holds).await;
+    until("the stuck delivery is cancelled", || {
+        stuck.release.is_closed()
+    })
+    .await;
+    until("the stuck delivery's lock is released", || {
+        !exists(&server, &redis_name("stripe", "evt_stuck", "lock"))
+    })
+    .await;
+    assert!(!exists(
+        &server,
+        &redis_name("stripe", "evt_stuck", "record")
+    ));
+    assert_eq!(ledger(&app).await, counts(&[]));
+
+    // Stripe retries; this time it completes, once.
+    let retry = until_not_contended(&app, || stripe(&body)).await;
+    retry.original(id);
+    send(&app, stripe(&body)).await.replay_of(&retry);
+    assert_eq!(probe.runs(id), 2);
+    assert_eq!(ledger(&app).await, counts(&[(id, 1)]));
+}
+
+// ---------------------------------------------------------------------------
+// GitHub replays: the delivery id is unsigned, the body is not
+// ---------------------------------------------------------------------------
+
+/// Lowercase hex SHA-256 of `body`: the GitHub route's lock id.
+fn digest(body: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(body))
+}
+
+/// The release channel of the GitHub lock on `body`.
+fn released_channel(body: &[u8]) -> String {
+    redis_name("github", &digest(body), "released")
+}
+
+/// A captured, validly signed delivery is sent again under fresh delivery
+/// ids, one after another and then all at once while the first still runs:
+/// one effect each time, every replay answered with the first's response.
+/// `waiting(body)` tells whether a duplicate waits for the lock on `body`
+/// (the store's own signal, where it has one).
+async fn replays_with_fresh_delivery_ids_apply_once(
+    app: Router,
+    probe: Arc<Probe>,
+    mut holds: mpsc::UnboundedReceiver<Held>,
+    waiting: impl Fn(&[u8]) -> bool,
+) {
+    const N: usize = 8;
+    // One after another.
+    let push = Bytes::from_static(br#"{"ref":"refs/heads/main","after":"5f1c0de"}"#);
+    let first = send(&app, github("d-original", &push)).await;
+    first.original("d-original");
+    for i in 0..3 {
+        send(&app, github(&format!("d-replay-{i}"), &push))
+            .await
+            .replay_of(&first);
+    }
+    assert_eq!(probe.total_runs(), 1, "a replay ran the handler");
+
+    // All at once, while the first delivery of another body still runs.
+    let entered = Arc::new(AtomicUsize::new(0));
+    let counted = {
+        let entered = entered.clone();
+        app.clone().layer(axum::middleware::from_fn(
+            move |req, next: axum::middleware::Next| {
+                entered.fetch_add(1, Ordering::SeqCst);
+                next.run(req)
+            },
+        ))
+    };
+    let opened = Bytes::from_static(br#"{"action":"opened","number":12}"#);
+    probe.plan("d-held", [Step::Hold]);
+    let spawn = |req: Request<Body>| {
+        let app = counted.clone();
+        tokio::spawn(async move { send(&app, req).await })
+    };
+    let held_first = spawn(github("d-held", &opened));
+    let gate = held(&mut holds).await;
+    assert_eq!(gate.id, "d-held");
+    let replays: Vec<_> = (0..N)
+        .map(|i| spawn(github(&format!("d-storm-{i}"), &opened)))
+        .collect();
+    until("the replays are inside and wait for the lock", || {
+        entered.load(Ordering::SeqCst) == N + 1 && waiting(&opened)
+    })
+    .await;
+    assert!(
+        replays.iter().all(|r| !r.is_finished()),
+        "a replay was answered while the first ran"
+    );
+    gate.release.send(()).unwrap();
+    let first = timeout(LIMIT, held_first).await.unwrap().unwrap();
+    first.original("d-held");
+    for r in replays {
+        timeout(LIMIT, r).await.unwrap().unwrap().replay_of(&first);
+    }
+
+    assert_eq!(probe.total_runs(), 2, "a replay ran the handler");
+    assert_eq!(probe.max_in_flight(), 1);
+    // One entry per body, under the delivery id that applied it.
+    assert_eq!(
+        ledger(&app).await,
+        counts(&[("d-original", 1), ("d-held", 1)])
+    );
+    // Another body is another delivery, whatever its delivery id says.
+    let other = Bytes::from_static(br#"{"ref":"refs/heads/main","after":"5f1c0df"}"#);
+    send(&app, github("d-replay-0", &other))
+        .await
+        .original("d-replay-0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_github_delivery_with_fresh_delivery_ids_applies_once_on_redis() {
+    let server = RedisServer::start();
+    let (probe, holds) = Probe::new();
+    let app = redis_app(&server, options(&probe));
+    replays_with_fresh_delivery_ids_apply_once(app, probe, holds, |body| {
+        let reply = server.cmd(&["PUBSUB", "NUMSUB", &released_channel(body)]);
+        reply.as_array().unwrap()[1].as_int().unwrap() >= 1
+    })
+    .await;
+    // The lock and the record are the body's, not the delivery id's.
+    let push = br#"{"ref":"refs/heads/main","after":"5f1c0de"}"#;
+    assert!(exists(
+        &server,
+        &redis_name("github", &digest(push), "record")
+    ));
+    let keys = server.keys();
+    assert!(
+        keys.iter().all(|k| !k.contains(":d-")),
+        "a key of a delivery id: {keys:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_github_delivery_with_fresh_delivery_ids_applies_once_in_memory() {
+    let (probe, holds) = Probe::new();
+    let store = MemoryStore::new();
+    let app = webhook::app(store.clone(), Ledger::memory(), options(&probe)).unwrap();
+    let key = |body: &[u8]| tower_redis_lock::LockKey::new("github", digest(body)).unwrap();
+    // The memory store shows the lock held, not its waiters: the replays
+    // entered the app while it was held.
+    replays_with_fresh_delivery_ids_apply_once(app, probe, holds, |body| {
+        store.is_locked(&key(body))
+    })
+    .await;
 }
 
 // ---------------------------------------------------------------------------
@@ -885,6 +1170,8 @@ fn signatures_and_settings() {
     assert_eq!(s.redis_url, None);
     assert_eq!(s.secret, webhook::DEFAULT_SECRET);
     assert_eq!(s.work, webhook::DEFAULT_WORK);
+    assert_eq!(s.timeouts, webhook::DEFAULT_TIMEOUTS);
+    assert!(s.timeouts.request > webhook::GITHUB_WAIT);
     let s = webhook::Settings::from_lookup(env(&[
         ("PORT", "0"),
         ("WORK_MS", " 5 "),
@@ -896,7 +1183,14 @@ fn signatures_and_settings() {
         (s.port, s.work, s.secret.as_str(), s.redis_url.as_deref()),
         (0, Duration::from_millis(5), "whsec_x", Some("redis://h/"))
     );
-    for (name, bad) in [("PORT", "70000"), ("PORT", "x"), ("WORK_MS", "-1")] {
+    for (name, bad) in [
+        ("PORT", "70000"),
+        ("PORT", "x"),
+        ("WORK_MS", "-1"),
+        ("HEADER_TIMEOUT_MS", "0"),
+        ("BODY_TIMEOUT_MS", "1.5"),
+        ("REQUEST_TIMEOUT_MS", "x"),
+    ] {
         let err = webhook::Settings::from_lookup(|n: &str| (n == name).then(|| bad.to_owned()))
             .unwrap_err();
         assert!(err.starts_with(name), "{err}");

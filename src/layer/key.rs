@@ -33,6 +33,7 @@ pub(crate) enum Kind {
     Header(HeaderName),
     Query(Arc<str>),
     JsonPointer(Arc<str>),
+    BodyDigest,
     Custom(CustomFn),
 }
 
@@ -109,6 +110,58 @@ impl KeyFrom {
         }
     }
 
+    /// The SHA-256 digest of the exact request body bytes, as lowercase hex
+    /// (the key reads `<namespace>:<sha256sum of the body>`): one key per
+    /// payload, whatever the headers say. The body is read (within the body
+    /// limit, `Content-Length` checked first) and handed to the service
+    /// unchanged; an empty body is no key.
+    ///
+    /// For senders that sign the body and nothing else, such as GitHub
+    /// (`X-Hub-Signature-256` covers the body; `X-GitHub-Delivery` is
+    /// unsigned): keyed on the delivery header, a captured delivery replayed
+    /// with fresh delivery ids is a new request each time; keyed on the body,
+    /// it is the same one, and an idempotent layer answers it with the
+    /// stored response. What it cannot tell apart: two genuinely different
+    /// deliveries whose bodies are byte for byte the same count as one, and
+    /// a replay after the record's retention runs again (the body carries no
+    /// signed time).
+    ///
+    /// ```
+    /// use axum::{Router, body::Body, routing::post};
+    /// use http::Request;
+    /// use tower::ServiceExt;
+    /// use tower_redis_lock::{Idempotency, KeyFrom, LockLayer, Locker, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let app = Router::new().route(
+    ///     "/webhooks/github",
+    ///     post(|body: String| async move { format!("applied {body}") }).route_layer(
+    ///         LockLayer::builder(Locker::new(MemoryStore::new()), KeyFrom::body_digest())
+    ///             .namespace("github")
+    ///             .idempotent(Idempotency::new())
+    ///             .build()?,
+    ///     ),
+    /// );
+    /// let delivery = |id: &str| {
+    ///     Request::post("/webhooks/github")
+    ///         .header("x-github-delivery", id)
+    ///         .body(Body::from(r#"{"after":"abc123"}"#))
+    /// };
+    /// let first = app.clone().oneshot(delivery("d-1")?).await?;
+    /// assert!(first.headers().get("idempotent-replayed").is_none());
+    /// // The same body under a new delivery id: the first answer, replayed.
+    /// let replay = app.oneshot(delivery("d-2")?).await?;
+    /// assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn body_digest() -> Self {
+        KeyFrom {
+            kind: Kind::BodyDigest,
+        }
+    }
+
     /// Any function of the request head; `None` means "no key".
     pub fn custom<F>(f: F) -> Self
     where
@@ -127,6 +180,7 @@ impl KeyFrom {
             Kind::Header(n) => format!("header `{n}`"),
             Kind::Query(n) => format!("query parameter `{n}`"),
             Kind::JsonPointer(p) => format!("JSON body field `{p}` (a string or a number)"),
+            Kind::BodyDigest => "the request body's SHA-256 digest (a non-empty body)".to_owned(),
             Kind::Custom(_) => "a key from the request (custom extractor)".to_owned(),
         }
     }
@@ -138,7 +192,7 @@ impl KeyFrom {
 
     /// Whether the body must be read to find the key.
     pub(crate) fn needs_body(&self) -> bool {
-        matches!(self.kind, Kind::JsonPointer(_))
+        matches!(self.kind, Kind::JsonPointer(_) | Kind::BodyDigest)
     }
 
     /// Finds the id in the request head (every source but the body), as raw
@@ -168,21 +222,35 @@ impl KeyFrom {
                 None => None,
             },
             Kind::Custom(f) => f(parts).map(String::into_bytes),
-            Kind::JsonPointer(_) => None,
+            Kind::JsonPointer(_) | Kind::BodyDigest => None,
         };
         Ok(id.filter(|id| !id.is_empty()))
     }
 
-    /// Finds the id in a JSON body: the body is checked to be JSON in full,
-    /// then walked along the pointer on its text, so a number keeps its
-    /// exact value.
-    pub(crate) fn id_in_json(&self, body: &[u8]) -> Result<Option<Vec<u8>>, Refused> {
-        let Kind::JsonPointer(pointer) = &self.kind else {
-            return Ok(None);
+    /// Finds the id in the body: for a JSON pointer, the body is checked to
+    /// be JSON in full, then walked along the pointer on its text, so a
+    /// number keeps its exact value; for [`KeyFrom::body_digest`], the
+    /// body's digest, JSON or not.
+    pub(crate) fn id_in_body(&self, body: &[u8]) -> Result<Option<Vec<u8>>, Refused> {
+        let pointer = match &self.kind {
+            Kind::JsonPointer(pointer) => pointer,
+            Kind::BodyDigest => return Ok(body_digest(body).map(String::into_bytes)),
+            _ => return Ok(None),
         };
         let id = json::find(body, pointer)?;
         Ok(id.filter(|id| !id.is_empty()))
     }
+}
+
+/// The lowercase hex SHA-256 of a non-empty body.
+fn body_digest(body: &[u8]) -> Option<String> {
+    use sha2::Digest;
+    if body.is_empty() {
+        return None;
+    }
+    let mut hex = String::with_capacity(64);
+    crate::key::push_hex(&mut hex, &sha2::Sha256::digest(body));
+    Some(hex)
 }
 
 /// Why a request's key source is refused (400) rather than keyed: each is a
@@ -333,6 +401,7 @@ impl fmt::Debug for KeyFrom {
             Kind::Header(n) => write!(f, "KeyFrom::header({n:?})"),
             Kind::Query(n) => write!(f, "KeyFrom::query({n:?})"),
             Kind::JsonPointer(p) => write!(f, "KeyFrom::json_pointer({p:?})"),
+            Kind::BodyDigest => f.write_str("KeyFrom::body_digest()"),
             Kind::Custom(_) => f.write_str("KeyFrom::custom(..)"),
         }
     }
@@ -479,7 +548,7 @@ mod tests {
     }
 
     fn json(pointer: &str, body: &str) -> Result<Option<Vec<u8>>, Refused> {
-        KeyFrom::json_pointer(pointer).id_in_json(body.as_bytes())
+        KeyFrom::json_pointer(pointer).id_in_body(body.as_bytes())
     }
 
     fn number(n: &str) -> Vec<u8> {
@@ -492,17 +561,17 @@ mod tests {
     fn json_sources() {
         let k = KeyFrom::json_pointer("/data/object/id");
         assert_eq!(
-            k.id_in_json(br#"{"data":{"object":{"id":"evt_1"}}}"#),
+            k.id_in_body(br#"{"data":{"object":{"id":"evt_1"}}}"#),
             found(b"evt_1")
         );
         assert_eq!(
-            k.id_in_json(br#"{"data":{"object":{"id":42}}}"#),
+            k.id_in_body(br#"{"data":{"object":{"id":42}}}"#),
             found(b"42")
         );
-        assert_eq!(k.id_in_json(br#"{"data":{}}"#), Ok(None));
-        assert_eq!(k.id_in_json(br#"{"data":{"object":{"id":""}}}"#), Ok(None));
+        assert_eq!(k.id_in_body(br#"{"data":{}}"#), Ok(None));
+        assert_eq!(k.id_in_body(br#"{"data":{"object":{"id":""}}}"#), Ok(None));
         assert!(matches!(
-            k.id_in_json(b"{not json"),
+            k.id_in_body(b"{not json"),
             Err(Refused::NotJson(_))
         ));
         // Strings decoded; arrays, escaped pointer tokens, whitespace.
@@ -553,7 +622,7 @@ mod tests {
         let mut bad_utf8 = br#"{"id":"a","x":""#.to_vec();
         bad_utf8.extend_from_slice(b"\xff\"}");
         assert!(matches!(
-            KeyFrom::json_pointer("/id").id_in_json(&bad_utf8),
+            KeyFrom::json_pointer("/id").id_in_body(&bad_utf8),
             Err(Refused::NotJson(_))
         ));
     }
@@ -645,5 +714,31 @@ mod tests {
             number("-25e-999999999999999999"),
             b"-2.5e-999999999999999998"
         );
+    }
+
+    #[test]
+    fn body_digest_source() {
+        let k = KeyFrom::body_digest();
+        assert!(k.needs_body());
+        // `printf abc | sha256sum`
+        assert_eq!(
+            k.id_in_body(b"abc").unwrap().as_deref(),
+            Some(&b"ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"[..])
+        );
+        // The exact bytes: the same body, the same id; one byte apart (even
+        // the same JSON spelled otherwise), another id.
+        let a = br#"{"after":"abc123"}"#;
+        assert_eq!(k.id_in_body(a).unwrap(), k.id_in_body(a).unwrap());
+        for other in [
+            &br#"{"after":"abc124"}"#[..],
+            br#"{"after": "abc123"}"#,
+            b"\xff",
+        ] {
+            assert_ne!(k.id_in_body(a).unwrap(), k.id_in_body(other).unwrap());
+        }
+        // Not JSON is fine; empty is no key.
+        assert!(k.id_in_body(b"not json").unwrap().is_some());
+        assert_eq!(k.id_in_body(b"").unwrap(), None);
+        assert_eq!(format!("{k:?}"), "KeyFrom::body_digest()");
     }
 }

@@ -142,7 +142,7 @@ where
             Err(p) => return Ok(reject(p, None)),
         };
         let id = if c.key.needs_body() {
-            c.key.id_in_json(&bytes)
+            c.key.id_in_body(&bytes)
         } else {
             c.key.id_in_head(&mut parts).await
         };

@@ -2,7 +2,8 @@
 //!
 //! Used by the integration tests (`mod support;`) and by the benches
 //! (`#[path = "../tests/support/mod.rs"] mod support;`). This file depends only on
-//! std, `libc` and `tempfile`; [`http`] adds axum, and [`stores`] the crate's stores.
+//! std, `libc` and `tempfile`; [`http`] adds axum, [`slow`] raw-TCP slow
+//! clients, and [`stores`] the crate's stores.
 //!
 //! Every server runs on its own free port with its own temporary directory and
 //! is killed when its [`RedisServer`] is dropped, or when the test process dies
@@ -14,6 +15,8 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod logs;
+pub mod slow;
 pub mod stores;
 pub mod topology;
 
