@@ -2,6 +2,7 @@
 
 mod support;
 use support::logs::Logs;
+use support::stores::redis_name;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -109,7 +110,7 @@ async fn a_slot_migration_under_load_loses_no_lock() {
     let mut i = 0;
     while ids.len() < 5 {
         let id = format!("mig-{i}");
-        let slot = cluster.slot_of(&format!("{{cl:{id}}}"));
+        let slot = cluster.slot_of(&redis_name("cl", &id, "lock"));
         if (first..first + 200).contains(&slot) {
             ids.push(id);
         }
@@ -121,7 +122,7 @@ async fn a_slot_migration_under_load_loses_no_lock() {
     }
     cluster.reshard(0, 1, 200);
     for id in &ids {
-        let slot = cluster.slot_of(&format!("{{cl:{id}}}"));
+        let slot = cluster.slot_of(&redis_name("cl", &id, "lock"));
         assert_eq!(cluster.node_for_slot(slot), 1, "{id} did not move");
     }
     // Hold across at least two renewals of every lock on its new node.
@@ -179,14 +180,14 @@ fn key_on(
     slots: Option<std::ops::Range<u16>>,
     prefix: &str,
 ) -> LockKey {
-    (0..)
+    (0..1_000_000)
         .map(|n| format!("{prefix}{n}"))
         .find(|id| {
-            let slot = cluster.slot_of(&format!("{{cl:{id}}}"));
+            let slot = cluster.slot_of(&redis_name("cl", &id, "lock"));
             slots.as_ref().is_none_or(|r| r.contains(&slot)) && cluster.node_for_slot(slot) == node
         })
         .map(|id| LockKey::new("cl", id).unwrap())
-        .unwrap()
+        .expect("no key of the namespace hashes into those slots")
 }
 
 /// Clients subscribed to the shard channel `channel` on `node`.
@@ -267,13 +268,15 @@ async fn a_waiter_is_woken_after_the_slot_of_its_key_moves_to_another_node() {
     let waiters = notified_locker(&cluster);
     // A key among the first slots of node 0, which the reshard moves to 1.
     let first = first_slot(&cluster, 0);
-    let k = key_on(&cluster, 0, Some(first..first + 20), "moving-");
+    // 200 slots: one namespace's locks use 1,024 hash tags (its fencing
+    // buckets), so a narrow range of slots may hold none of them.
+    let k = key_on(&cluster, 0, Some(first..first + 200), "moving-");
     let channel = waiters.store().release_channel(&k);
     let holder = holders.acquire(&k).await.unwrap();
     let waiter = start_waiting(&waiters, &k, &cluster.nodes[0]).await;
 
-    cluster.reshard(0, 1, 20);
-    let slot = cluster.slot_of(&format!("{{{k}}}"));
+    cluster.reshard(0, 1, 200);
+    let slot = cluster.slot_of(&waiters.store().lock_key(&k));
     assert_eq!(cluster.node_for_slot(slot), 1, "{k} did not move");
     // Node 0 dropped the subscription; it is renewed on node 1.
     assert!(

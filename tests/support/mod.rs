@@ -358,6 +358,14 @@ impl RedisServer {
         clients.saturating_sub(1)
     }
 
+    /// `used_memory` of `INFO memory`, in bytes.
+    pub fn used_memory(&self) -> u64 {
+        let info = self.info("memory");
+        info_field(&info, "used_memory")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no used_memory in INFO memory: {info}"))
+    }
+
     /// `INFO <section>` as text; panics on anything else.
     fn info(&self, section: &str) -> String {
         let reply = self.cmd(&["INFO", section]);
