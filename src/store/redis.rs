@@ -236,7 +236,7 @@ impl std::fmt::Display for Name<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (prefix, ns, b) = (self.prefix, self.key.namespace(), bucket(self.key));
         if self.suffix == FENCE {
-            write!(f, "{prefix}:{{{ns}:{b:03x}}}:{}:{FENCE}", self.key.id())
+            write!(f, "{prefix}:{{{ns}:{b:03x}}}:{FENCE}")
         } else {
             write!(
                 f,
