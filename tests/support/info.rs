@@ -7,6 +7,8 @@ use super::RedisServer;
 use super::resp::Reply;
 
 impl RedisServer {
+    /// Total calls of one command according to `INFO commandstats` (case-insensitive,
+    /// e.g. `"evalsha"`, `"set"`, `"publish"`); 0 if absent. A name without `|` also counts
     /// its subcommands (`"config"` includes `config|resetstat`, ...).
     pub fn command_calls(&self, command: &str) -> u64 {
         let command = command.to_ascii_lowercase();

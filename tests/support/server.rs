@@ -260,9 +260,6 @@ impl RedisServer {
         }
     }
 
-    /// Total calls of one command according to `INFO commandstats` (case-insensitive,
-    /// e.g. `"evalsha"`, `"set"`, `"publish"`); 0 if absent. A name without `|` also counts
-
     /// Connect (authenticating if needed), send one command, read its reply, within `timeout`.
     fn request(&self, args: &[&str], timeout: Duration) -> Result<Reply, String> {
         let mut conn = Conn::open(self.addr(), timeout, self.password.as_deref())?;
