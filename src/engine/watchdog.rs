@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::guard::{Lease, LossReason};
+use super::lease::{Lease, LossReason};
 use crate::store::{LockStore, Renewal};
 
 /// Messages to the scheduler.
@@ -158,10 +158,7 @@ pub(crate) async fn run<S: LockStore>(
                 // Waiting for a reply or for the deadline.
                 continue;
             }
-            let lease = match e.lease.hold_deadline {
-                Some(cap) => e.lease.lease.min(cap.saturating_duration_since(now)),
-                None => e.lease.lease,
-            };
+            let lease = e.lease.renewal_at(now);
             queue.remove(&(at, id));
             e.queued = e.lease.valid_until();
             queue.insert((e.queued, id));
