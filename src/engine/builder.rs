@@ -3,40 +3,9 @@
 use std::time::Duration;
 
 use super::locker::Locker;
+use super::options::Options;
 use crate::error::ConfigError;
 use crate::store::LockStore;
-
-/// Default lease: 30 s, renewed every 10 s while held.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-/// Default wait timeout: 0, i.e. try-lock.
-pub const DEFAULT_WAIT: Duration = Duration::ZERO;
-/// Default cap on each poll while waiting (the release notification usually
-/// wakes a waiter long before).
-pub const DEFAULT_POLL: Duration = Duration::from_millis(250);
-/// Default number of renewals per pipelined batch.
-pub const DEFAULT_RENEW_BATCH: usize = 512;
-
-/// A locker's settings.
-#[derive(Debug, Clone)]
-pub(crate) struct Options {
-    pub(crate) lease: Duration,
-    pub(crate) wait: Duration,
-    pub(crate) max_hold: Option<Duration>,
-    pub(crate) poll: Duration,
-    pub(crate) batch: usize,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            lease: DEFAULT_LEASE,
-            wait: DEFAULT_WAIT,
-            max_hold: None,
-            poll: DEFAULT_POLL,
-            batch: DEFAULT_RENEW_BATCH,
-        }
-    }
-}
 
 /// Builds a [`Locker`]; settings are checked in [`build`](LockerBuilder::build).
 #[derive(Debug)]
@@ -45,14 +14,17 @@ pub struct LockerBuilder<S> {
     opts: Options,
 }
 
-impl<S: LockStore> LockerBuilder<S> {
-    pub(crate) fn new(store: S) -> Self {
+impl<S: LockStore> Locker<S> {
+    /// Starts a builder for non-default settings.
+    pub fn builder(store: S) -> LockerBuilder<S> {
         LockerBuilder {
             store,
             opts: Options::default(),
         }
     }
+}
 
+impl<S: LockStore> LockerBuilder<S> {
     /// Lease length (default 30 s, at least 10 ms). The watchdog renews every
     /// lease/3; validity is `lease − (lease/100 + 2 ms)` after each renewal
     /// started.

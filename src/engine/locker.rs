@@ -7,8 +7,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::builder::{LockerBuilder, Options};
 use super::guard::LockGuard;
+use super::options::Options;
 use super::queue::Queues;
 use super::watchdog::{self, Cmd};
 use crate::store::LockStore;
@@ -101,11 +101,6 @@ impl<S: LockStore> Locker<S> {
                 queues: Queues::default(),
             }),
         }
-    }
-
-    /// Starts a builder for non-default settings.
-    pub fn builder(store: S) -> LockerBuilder<S> {
-        LockerBuilder::new(store)
     }
 
     /// The store.

@@ -15,7 +15,8 @@
 //! | `reentry.rs` | the holds the current task runs under |
 //! | `guard.rs` | [`LockGuard`], the public face of a hold |
 //! | `locker.rs` | [`Locker`] and [`Acquired`] |
-//! | `builder.rs` | [`LockerBuilder`] and the defaults |
+//! | `options.rs` | a locker's settings and their defaults |
+//! | `builder.rs` | [`LockerBuilder`]: settings checked once |
 //! | `wait.rs` | the wait loop and one try at the store |
 
 mod builder;
@@ -24,12 +25,14 @@ mod guard;
 mod hold;
 mod lease;
 mod locker;
+mod options;
 mod pending;
 mod queue;
 mod reentry;
 mod wait;
 mod watchdog;
 
-pub use builder::{DEFAULT_LEASE, DEFAULT_POLL, DEFAULT_RENEW_BATCH, DEFAULT_WAIT, LockerBuilder};
+pub use builder::LockerBuilder;
 pub use guard::LockGuard;
 pub use locker::{Acquired, Locker};
+pub use options::{DEFAULT_LEASE, DEFAULT_POLL, DEFAULT_RENEW_BATCH, DEFAULT_WAIT};
