@@ -67,7 +67,9 @@ impl Lease {
             lost: CancellationToken::new(),
             holds: AtomicU32::new(1),
         };
-        l.renewed(attempt_start, lease);
+        // Granted for what the hold cap leaves of the lease (see
+        // `Locker::attempt`), so valid no longer than that either.
+        l.renewed(attempt_start, l.renewal_at(attempt_start));
         l
     }
 
@@ -134,5 +136,108 @@ impl Lease {
     /// Marks the lease released; returns whether it was not released before.
     pub(crate) fn mark_released(&self) -> bool {
         self.status.swap(RELEASED, Ordering::AcqRel) != RELEASED
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{grant, key};
+    use super::*;
+    use crate::MemoryStore;
+    use crate::time::drift;
+
+    const LEASE: Duration = Duration::from_secs(30);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fresh_lease_is_valid_for_lease_minus_drift_and_not_one_instant_more() {
+        let l = grant(&MemoryStore::new(), &key("fresh"), LEASE, None).await;
+        let margin = drift(LEASE);
+        assert_eq!(margin, Duration::from_millis(302));
+        assert_eq!(l.valid_until(), l.acquired_at + LEASE - margin);
+        assert_eq!(l.valid_for(), LEASE - margin);
+
+        tokio::time::advance(LEASE - margin - Duration::from_millis(1)).await;
+        assert!(l.is_valid_now());
+        assert_eq!(l.valid_for(), Duration::from_millis(1));
+        // The deadline itself is already too late.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!l.is_valid_now());
+        assert_eq!(l.valid_for(), Duration::ZERO);
+        // Expiry is judged by the clock: the state is still "held" until the
+        // watchdog marks it lost.
+        assert!(l.is_active());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_counts_from_when_it_was_sent_and_never_moves_the_deadline_back() {
+        let l = grant(&MemoryStore::new(), &key("renew"), LEASE, None).await;
+        let t0 = l.acquired_at;
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_secs(2)).await; // the reply took 2 s
+        l.renewed(sent, LEASE);
+        assert_eq!(l.valid_until(), sent + LEASE - drift(LEASE));
+        assert_eq!(l.valid_for(), LEASE - drift(LEASE) - Duration::from_secs(2));
+
+        // A late answer to an older renewal (sent at t0 + 1 s) changes nothing.
+        l.renewed(t0 + Duration::from_secs(1), LEASE);
+        assert_eq!(l.valid_until(), sent + LEASE - drift(LEASE));
+        // Nor does a shorter renewal sent later.
+        l.renewed(Instant::now(), Duration::from_secs(1));
+        assert_eq!(l.valid_until(), sent + LEASE - drift(LEASE));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_ask_for_what_the_hold_cap_leaves() {
+        let cap = Duration::from_secs(40);
+        let l = grant(&MemoryStore::new(), &key("cap"), LEASE, Some(cap)).await;
+        let t0 = l.acquired_at;
+        assert_eq!(l.renewal_at(t0 + Duration::from_secs(10)), LEASE);
+        assert_eq!(
+            l.renewal_at(t0 + Duration::from_secs(25)),
+            Duration::from_secs(15)
+        );
+        assert_eq!(l.renewal_at(t0 + Duration::from_secs(50)), Duration::ZERO);
+        let free = grant(&MemoryStore::new(), &key("free"), LEASE, None).await;
+        assert_eq!(free.renewal_at(t0 + Duration::from_secs(3600)), LEASE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_cap_shorter_than_the_lease_bounds_the_first_validity() {
+        let cap = Duration::from_secs(12);
+        let l = grant(&MemoryStore::new(), &key("short-cap"), LEASE, Some(cap)).await;
+        assert_eq!(l.valid_until(), l.acquired_at + cap - drift(LEASE));
+        let long = grant(
+            &MemoryStore::new(),
+            &key("long-cap"),
+            LEASE,
+            Some(LEASE * 3),
+        )
+        .await;
+        assert_eq!(long.valid_until(), long.acquired_at + LEASE - drift(LEASE));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn loss_is_flipped_once_and_told_and_a_released_lease_is_not_valid() {
+        let l = grant(&MemoryStore::new(), &key("lost"), LEASE, None).await;
+        assert!(!l.lost.is_cancelled());
+        assert!(l.mark_lost(LossReason::NotOwner));
+        assert!(l.lost.is_cancelled());
+        assert!(
+            !l.mark_lost(LossReason::Expired),
+            "only the first flip counts"
+        );
+        assert!(!l.is_valid_now());
+        assert_eq!(l.valid_for(), Duration::ZERO);
+
+        let r = grant(&MemoryStore::new(), &key("released"), LEASE, None).await;
+        assert!(r.mark_released());
+        assert!(!r.mark_released());
+        assert!(!r.is_valid_now());
+        assert!(
+            !r.mark_lost(LossReason::Expired),
+            "a released lease is not lost"
+        );
+        assert!(!r.lost.is_cancelled());
     }
 }

@@ -29,6 +29,8 @@ mod options;
 mod pending;
 mod queue;
 mod reentry;
+#[cfg(test)]
+mod test_support;
 mod wait;
 mod watchdog;
 

@@ -192,13 +192,16 @@ impl<S: LockStore> Locker<S> {
         })?;
         let watchdog = self.watchdog(&runtime);
         let attempt_start = Instant::now();
-        let pending = PendingAttempt::new(store, key, owner, o.lease, &runtime);
+        // The first lease, like every renewal, ends by the hold cap: a cap
+        // shorter than the lease shortens the grant itself.
+        let first = o.max_hold.map_or(o.lease, |cap| o.lease.min(cap));
+        let pending = PendingAttempt::new(store, key, owner, first, &runtime);
         // On an error (timeout, connection lost) the grant may still have
         // happened: `pending` releases it in the background.
         let outcome = if replay {
-            store.acquire_or_replay(key, owner, o.lease).await?
+            store.acquire_or_replay(key, owner, first).await?
         } else {
-            store.acquire(key, owner, o.lease).await?
+            store.acquire(key, owner, first).await?
         };
         pending.disarm();
         match outcome {
@@ -274,5 +277,142 @@ impl<S: LockStore> Locker<S> {
                 retry_after,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::super::test_support::key;
+    use super::*;
+    use crate::MemoryStore;
+
+    const LEASE: Duration = Duration::from_secs(30);
+
+    fn locker(wait: Duration) -> Locker<MemoryStore> {
+        Locker::builder(MemoryStore::new())
+            .lease(LEASE)
+            .wait_timeout(wait)
+            .build()
+            .unwrap()
+    }
+
+    /// Lets every task that can run, run (paused time stands still).
+    async fn settle() {
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_cap_shorter_than_the_lease_ends_the_lock_everywhere_at_the_cap() {
+        let cap = Duration::from_secs(12);
+        let l = Locker::builder(MemoryStore::new())
+            .lease(LEASE)
+            .max_hold(cap)
+            .build()
+            .unwrap();
+        let k = key("cap");
+        let g = l.acquire(&k).await.unwrap();
+        let t0 = g.acquired_at();
+        // Renewed at 10 s for the 2 s left; never held past the cap, here
+        // or in the store.
+        tokio::time::sleep_until(t0 + cap - Duration::from_millis(1)).await;
+        assert!(l.store().is_locked(&k));
+        tokio::time::sleep_until(t0 + cap).await;
+        assert!(!l.store().is_locked(&k), "the store let the lock go");
+        assert!(!g.is_held(), "but the guard still says held");
+        g.lost().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn local_waiters_get_the_lock_in_arrival_order_one_release_each() {
+        let l = locker(Duration::from_secs(600));
+        let k = key("fifo");
+        let first = l.acquire(&k).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for n in 0..4 {
+            let (l2, k2, order) = (l.clone(), k.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let (l, k) = (l2, k2);
+                let g = l.acquire(&k).await.unwrap();
+                order.lock().unwrap().push(n);
+                // Hold a while, so that the next one has to wait for us.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                g.release().await.unwrap();
+            }));
+            settle().await;
+            assert!(l.has_waiters(&k));
+        }
+        assert!(order.lock().unwrap().is_empty());
+        first.release().await.unwrap();
+        settle().await;
+        // One release wakes one waiter, not the herd.
+        assert_eq!(*order.lock().unwrap(), [0]);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3]);
+        assert!(!l.has_waiters(&k), "the queue goes with its last waiter");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_acquirer_that_means_to_wait_queues_behind_the_waiters() {
+        let l = locker(Duration::from_secs(600));
+        let k = key("no-barging");
+        let first = l.acquire(&k).await.unwrap();
+        let waiter = {
+            let (l, k) = (l.clone(), k.clone());
+            tokio::spawn(async move { l.acquire(&k).await.unwrap().fencing_token() })
+        };
+        settle().await;
+        // Released, and at once a newcomer asks: the waiter goes first.
+        first.release().await.unwrap();
+        let newcomer = {
+            let (l, k) = (l.clone(), k.clone());
+            tokio::spawn(async move {
+                let g = l.acquire(&k).await.unwrap();
+                let token = g.fencing_token();
+                g.release().await.unwrap();
+                token
+            })
+        };
+        let waited = waiter.await.unwrap();
+        let came_later = newcomer.await.unwrap();
+        assert!(waited < came_later, "{waited:?} then {came_later:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_waiter_leaves_the_queue_and_the_next_one_is_woken() {
+        let l = locker(Duration::from_secs(600));
+        let k = key("cancel");
+        let first = l.acquire(&k).await.unwrap();
+        let spawn_waiter = || {
+            let (l, k) = (l.clone(), k.clone());
+            tokio::spawn(async move { l.acquire(&k).await.unwrap() })
+        };
+        let cancelled = spawn_waiter();
+        settle().await;
+        let next = spawn_waiter();
+        settle().await;
+        cancelled.abort();
+        settle().await;
+        assert!(l.has_waiters(&k), "the other waiter is still queued");
+        first.release().await.unwrap();
+        let g = tokio::time::timeout(Duration::from_millis(10), next)
+            .await
+            .expect("the waiter behind the cancelled one was not woken")
+            .unwrap();
+        assert!(g.is_held());
+        assert!(!l.has_waiters(&k));
+        // And a lone cancelled waiter leaves no queue behind.
+        let lone = spawn_waiter();
+        settle().await;
+        assert!(l.has_waiters(&k));
+        lone.abort();
+        settle().await;
+        assert!(!l.has_waiters(&k));
     }
 }
