@@ -110,3 +110,99 @@ impl Drop for Hold {
         self.release_in_background();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::queue::Queues;
+    use super::super::test_support::{grant, key};
+    use super::*;
+    use crate::MemoryStore;
+
+    struct Granted {
+        hold: Hold,
+        store: Arc<MemoryStore>,
+        cmds: mpsc::UnboundedReceiver<Cmd>,
+    }
+
+    async fn granted(id: &str) -> Granted {
+        let store = Arc::new(MemoryStore::new());
+        let lease = grant(&store, &key(id), Duration::from_secs(30), None).await;
+        let (tx, cmds) = mpsc::unbounded_channel();
+        let end = Ending {
+            lease,
+            store: store.clone(),
+            local: Queues::default(),
+            runtime: Some(tokio::runtime::Handle::current()),
+        };
+        Granted {
+            hold: Hold::new(end, tx),
+            store,
+            cmds,
+        }
+    }
+
+    fn removed(cmds: &mut mpsc::UnboundedReceiver<Cmd>) -> bool {
+        matches!(cmds.try_recv(), Ok(Cmd::Remove(_)))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_reentry_counts_and_only_the_last_hold_given_back_ends_the_lock() {
+        let Granted {
+            hold,
+            store,
+            mut cmds,
+        } = granted("count").await;
+        let k = hold.key().clone();
+        assert_eq!(hold.count(), 1);
+        let second = hold.reenter().unwrap();
+        let third = second.reenter().unwrap();
+        assert_eq!(hold.count(), 3);
+
+        // Given back in any order; the first two leave the lock alone.
+        assert_eq!(second.end_hold(), Some(false));
+        assert_eq!(second.end_hold(), None, "a hold is given back once");
+        assert!(!second.is_held() && hold.is_held() && third.is_held());
+        assert_eq!(hold.end_hold(), Some(false));
+        drop(hold);
+        drop(second);
+        assert_eq!(third.count(), 1);
+        tokio::task::yield_now().await;
+        assert!(store.is_locked(&k));
+        assert!(!removed(&mut cmds), "renewal stopped under a live hold");
+
+        // The last one, dropped: off the watchdog, released in the store.
+        drop(third);
+        assert!(removed(&mut cmds));
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!store.is_locked(&k));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_reentry_into_a_lock_being_released_or_through_a_given_back_hold() {
+        let g = granted("closed").await;
+        let other = g.hold.reenter().unwrap();
+        assert_eq!(other.end_hold(), Some(false));
+        assert!(
+            other.reenter().is_none(),
+            "re-entered through a given-back hold"
+        );
+        assert_eq!(g.hold.end_hold(), Some(true));
+        // Zero holds: the lock is being released, nobody comes back in.
+        assert!(g.hold.reenter().is_none());
+        assert_eq!(g.hold.count(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewal_stops_once_whoever_ends_the_lock() {
+        let mut g = granted("stop").await;
+        assert!(g.hold.stop_renewal());
+        assert!(removed(&mut g.cmds));
+        assert!(!g.hold.stop_renewal(), "stopped twice");
+        assert!(!removed(&mut g.cmds));
+        assert!(!g.hold.is_held());
+    }
+}

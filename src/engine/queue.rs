@@ -136,3 +136,66 @@ impl Drop for QueueRef<'_> {
 fn lock_map(m: &QueueMap) -> MutexGuard<'_, HashMap<LockKey, Arc<KeyQueue>>> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{grant, key};
+    use super::*;
+    use crate::MemoryStore;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_queue_lives_as_long_as_its_last_waiter() {
+        let queues = Queues::default();
+        let k = key("q");
+        assert!(!queues.has_waiters(&k));
+        let a = queues.join(&k);
+        let b = queues.join(&k);
+        assert!(queues.has_waiters(&k));
+        drop(a);
+        assert!(queues.has_waiters(&k), "removed under a waiter");
+        drop(b);
+        assert!(!queues.has_waiters(&k));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_local_release_wakes_one_waiter_of_that_key_only() {
+        let queues = Queues::default();
+        let (k, other) = (key("wake"), key("other"));
+        let q = queues.join(&k);
+        let mut woken = std::pin::pin!(q.released.notified());
+        woken.as_mut().enable();
+        queues.wake(&other);
+        assert!(
+            futures_util::poll!(woken.as_mut()).is_pending(),
+            "woken by another key"
+        );
+        queues.wake(&k);
+        assert!(futures_util::poll!(woken.as_mut()).is_ready());
+    }
+
+    #[test]
+    fn a_wake_with_nobody_queued_is_a_no_op() {
+        let queues = Queues::default();
+        let k = key("nobody");
+        queues.wake(&k);
+        assert!(!queues.has_waiters(&k));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_lock_counts_as_held_here_while_the_last_local_grant_is_valid() {
+        let queues = Queues::default();
+        let k = key("held-here");
+        let q = queues.join(&k);
+        assert_eq!(q.held_here(), None);
+        let lease = grant(&MemoryStore::new(), &k, Duration::from_secs(30), None).await;
+        q.set_holder(&lease);
+        assert_eq!(q.held_here(), Some(lease.valid_for()));
+        lease.mark_released();
+        assert_eq!(q.held_here(), None, "a released lease is not held here");
+        let next = grant(&MemoryStore::new(), &k, Duration::from_secs(30), None).await;
+        q.set_holder(&next);
+        assert!(q.held_here().is_some());
+        drop(next);
+        assert_eq!(q.held_here(), None, "a dropped lease is not held here");
+    }
+}
