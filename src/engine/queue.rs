@@ -173,6 +173,17 @@ mod tests {
         assert!(futures_util::poll!(woken.as_mut()).is_ready());
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_release_just_before_the_waiter_waits_is_not_lost() {
+        let queues = Queues::default();
+        let k = key("early");
+        let q = queues.join(&k);
+        // Released between the waiter's failed try and its wait.
+        queues.wake(&k);
+        let woken = q.released.notified();
+        assert!(futures_util::poll!(std::pin::pin!(woken)).is_ready());
+    }
+
     #[test]
     fn a_wake_with_nobody_queued_is_a_no_op() {
         let queues = Queues::default();
@@ -195,7 +206,13 @@ mod tests {
         let next = grant(&MemoryStore::new(), &k, Duration::from_secs(30), None).await;
         q.set_holder(&next);
         assert!(q.held_here().is_some());
-        drop(next);
+        // Past its deadline (not renewed: no watchdog here), it is not.
+        tokio::time::advance(next.valid_for()).await;
+        assert_eq!(q.held_here(), None, "an expired lease is held here");
+        let last = grant(&MemoryStore::new(), &k, Duration::from_secs(30), None).await;
+        q.set_holder(&last);
+        assert!(q.held_here().is_some());
+        drop(last);
         assert_eq!(q.held_here(), None, "a dropped lease is not held here");
     }
 }

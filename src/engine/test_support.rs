@@ -39,3 +39,60 @@ pub(crate) async fn grant(
         max_hold,
     ))
 }
+
+/// A [`MemoryStore`] that counts the renewals it is sent.
+#[derive(Default)]
+pub(crate) struct Counting {
+    pub(crate) inner: MemoryStore,
+    pub(crate) extends: std::sync::atomic::AtomicUsize,
+}
+
+impl Counting {
+    pub(crate) fn extends(&self) -> usize {
+        self.extends.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl LockStore for Counting {
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, crate::Error> {
+        self.inner.acquire(key, owner, lease).await
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, crate::Error> {
+        self.extends
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.extend(key, owner, lease).await
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, crate::Error> {
+        self.inner.release(key, owner).await
+    }
+
+    async fn finish(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        record: bytes::Bytes,
+        retention: Duration,
+    ) -> Result<bool, crate::Error> {
+        self.inner.finish(key, owner, record, retention).await
+    }
+
+    async fn read_record(&self, key: &LockKey) -> Result<Option<bytes::Bytes>, crate::Error> {
+        self.inner.read_record(key).await
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<crate::ReleaseWatch, crate::Error> {
+        self.inner.subscribe(key).await
+    }
+}

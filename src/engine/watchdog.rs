@@ -212,7 +212,7 @@ async fn sleep_until(at: Option<Instant>) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_support::{grant, key};
+    use super::super::test_support::{Counting, grant, key};
     use super::*;
     use crate::MemoryStore;
     use crate::time::drift;
@@ -225,7 +225,7 @@ mod tests {
         renewing: Arc<AtomicUsize>,
     }
 
-    fn start(store: &Arc<MemoryStore>) -> Running {
+    fn start<S: LockStore>(store: &Arc<S>) -> Running {
         let (tx, rx) = mpsc::unbounded_channel();
         let renewing = Arc::new(AtomicUsize::new(0));
         tokio::spawn(run(store.clone(), rx, 512, LEASE / 12, renewing.clone()));
@@ -308,13 +308,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn no_renewal_is_sent_once_the_cap_leaves_less_than_two_drifts() {
-        let store = Arc::new(MemoryStore::new());
+        let counting = Arc::new(Counting::default());
+        let store = &counting.inner;
         // Lease 30 s, cap 90.5 s: renewals at 10, 20, …, 80 s; at 90 s the
         // cap leaves 0.5 s, under 2 × 302 ms: not worth sending.
         let cap = Duration::from_millis(90_500);
-        let l = grant(&store, &key("tiny"), LEASE, Some(cap)).await;
+        let l = grant(store, &key("tiny"), LEASE, Some(cap)).await;
         let t0 = l.acquired_at;
-        let w = start(&store);
+        let w = start(&counting);
         w.tx.send(Cmd::Add(l.clone())).unwrap();
         let until = t0 + cap - drift(LEASE);
         tokio::time::sleep_until(t0 + LEASE * 3 - MS).await;
@@ -325,6 +326,7 @@ mod tests {
         // the lease is reported lost at its deadline.
         tokio::time::sleep_until(t0 + cap).await;
         assert!(!store.is_locked(&l.key), "renewed past 90 s");
+        assert_eq!(counting.extends(), 8, "renewals at 10, 20, …, 80 s only");
         tokio::time::sleep_until(until + MS).await;
         assert!(l.lost.is_cancelled());
         assert_eq!(w.renewing.load(Ordering::Relaxed), 0);
