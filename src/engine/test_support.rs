@@ -40,14 +40,19 @@ pub(crate) async fn grant(
     ))
 }
 
-/// A [`MemoryStore`] that counts the renewals it is sent.
+/// A [`MemoryStore`] that counts the acquires and renewals it is sent.
 #[derive(Default)]
 pub(crate) struct Counting {
     pub(crate) inner: MemoryStore,
     pub(crate) extends: std::sync::atomic::AtomicUsize,
+    pub(crate) acquires: std::sync::atomic::AtomicUsize,
 }
 
 impl Counting {
+    pub(crate) fn acquires(&self) -> usize {
+        self.acquires.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub(crate) fn extends(&self) -> usize {
         self.extends.load(std::sync::atomic::Ordering::SeqCst)
     }
@@ -60,6 +65,8 @@ impl LockStore for Counting {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<AcquireOutcome, crate::Error> {
+        self.acquires
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.acquire(key, owner, lease).await
     }
 

@@ -284,7 +284,7 @@ impl<S: LockStore> Locker<S> {
 mod tests {
     use std::sync::Mutex;
 
-    use super::super::test_support::key;
+    use super::super::test_support::{Counting, key};
     use super::*;
     use crate::MemoryStore;
 
@@ -324,6 +324,19 @@ mod tests {
         assert!(!l.store().is_locked(&k), "the store let the lock go");
         assert!(!g.is_held(), "but the guard still says held");
         g.lost().await;
+
+        // A cap under lease/3 ends the lock before any renewal: the grant
+        // itself must be that short.
+        let cap = Duration::from_secs(5);
+        let l = Locker::builder(MemoryStore::new())
+            .lease(LEASE)
+            .max_hold(cap)
+            .build()
+            .unwrap();
+        let g = l.acquire(&k).await.unwrap();
+        tokio::time::sleep_until(g.acquired_at() + cap).await;
+        assert!(!l.store().is_locked(&k), "held in the store past the cap");
+        assert!(!g.is_held());
     }
 
     #[tokio::test(start_paused = true)]
@@ -368,20 +381,45 @@ mod tests {
             tokio::spawn(async move { l.acquire(&k).await.unwrap().fencing_token() })
         };
         settle().await;
-        // Released, and at once a newcomer asks: the waiter goes first.
+        // Released, and at once (before the woken waiter runs) a newcomer
+        // asks: it queues, and the waiter goes first.
         first.release().await.unwrap();
-        let newcomer = {
+        let g = l.acquire(&k).await.unwrap();
+        let came_later = g.fencing_token();
+        let waited = waiter.await.unwrap();
+        assert!(waited < came_later, "{waited:?} then {came_later:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn while_a_local_waiter_holds_the_lock_the_next_one_does_not_poll_the_store() {
+        let l = Locker::builder(Counting::default())
+            .lease(LEASE)
+            .wait_timeout(Duration::from_secs(600))
+            .build()
+            .unwrap();
+        let k = key("held-here");
+        let first = l.acquire(&k).await.unwrap();
+        let spawn_waiter = |hold: Duration| {
             let (l, k) = (l.clone(), k.clone());
             tokio::spawn(async move {
                 let g = l.acquire(&k).await.unwrap();
-                let token = g.fencing_token();
+                tokio::time::sleep(hold).await;
                 g.release().await.unwrap();
-                token
             })
         };
-        let waited = waiter.await.unwrap();
-        let came_later = newcomer.await.unwrap();
-        assert!(waited < came_later, "{waited:?} then {came_later:?}");
+        let a = spawn_waiter(Duration::from_secs(20));
+        settle().await;
+        let b = spawn_waiter(Duration::ZERO);
+        settle().await;
+        first.release().await.unwrap();
+        settle().await;
+        // A got it from the queue and holds it 20 s; B, behind it, would
+        // poll every 250 ms if it asked the store.
+        let before = l.store().acquires();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(l.store().acquires(), before, "B polled a lock held here");
+        a.await.unwrap();
+        b.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]
