@@ -288,13 +288,26 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_hold_cap_shortens_the_last_renewal_then_stops_renewing() {
-        let store = Arc::new(MemoryStore::new());
+        let counting = Arc::new(Counting::default());
         // At 10 s the cap leaves 2 s: one renewal for 2 s, then none.
-        let l = grant(&store, &key("cap"), LEASE, Some(Duration::from_secs(12))).await;
+        let l = grant(
+            &counting.inner,
+            &key("cap"),
+            LEASE,
+            Some(Duration::from_secs(12)),
+        )
+        .await;
         let t0 = l.acquired_at;
-        let w = start(&store);
+        let w = start(&counting);
         w.tx.send(Cmd::Add(l.clone())).unwrap();
-        tokio::time::sleep_until(t0 + LEASE / 3 + MS).await;
+        tokio::time::sleep_until(t0 + LEASE / 3 - MS).await;
+        // Stepped by hand: a watchdog that kept re-sending this renewal
+        // would keep the runtime busy, and paused time would never move.
+        tokio::time::advance(MS * 2).await;
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(counting.extends(), 1, "the short renewal was sent again");
         let until = t0 + LEASE / 3 + Duration::from_secs(2) - drift(LEASE);
         assert_eq!(l.valid_until(), until);
         // Lost at that deadline, not renewed past it.
