@@ -4,29 +4,27 @@
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+mod engine;
 mod error;
 mod fence;
-mod guard;
 mod key;
 pub mod layer;
-mod locker;
-mod record;
 pub mod store;
+mod time;
 mod token;
-mod watchdog;
 
+pub use engine::LockGuard;
+pub use engine::{
+    Acquired, DEFAULT_LEASE, DEFAULT_POLL, DEFAULT_RENEW_BATCH, DEFAULT_WAIT, Locker, LockerBuilder,
+};
 pub use error::{BoxError, ConfigError, Error, Operation};
 pub use fence::{FenceOutcome, FencedResource};
-pub use guard::LockGuard;
 pub use key::{LockKey, MAX_NAMESPACE, MAX_VERBATIM_ID};
+pub use layer::idempotency::Record;
 pub use layer::{
     Fingerprint, Idempotency, KeyFrom, Lock, LockLayer, LockLayerBuilder, MissingLockGuard,
     OnLockLost, OnMissingKey, OnStoreError,
 };
-pub use locker::{
-    Acquired, DEFAULT_LEASE, DEFAULT_POLL, DEFAULT_RENEW_BATCH, DEFAULT_WAIT, Locker, LockerBuilder,
-};
-pub use record::Record;
 pub use store::BoxStore;
 pub use store::{
     AcquireOutcome, LockStore, ReleaseWatch, Renewal,

@@ -240,7 +240,7 @@ async fn release_and_finish_wake_waiters_by_sharded_notification_on_every_primar
             if finish {
                 assert!(
                     holder
-                        .finish(&record, Duration::from_secs(60))
+                        .finish(record.encode(), Duration::from_secs(60))
                         .await
                         .unwrap()
                 );
@@ -248,7 +248,9 @@ async fn release_and_finish_wake_waiters_by_sharded_notification_on_every_primar
                 assert!(holder.release().await.unwrap());
             }
             match granted(waiter).await {
-                Acquired::Completed(got) if finish => assert_eq!(got, record),
+                Acquired::Completed(got) if finish => {
+                    assert_eq!(Record::decode(got), Some(record.clone()))
+                }
                 Acquired::Locked(g) if !finish => assert!(g.release().await.unwrap()),
                 other => panic!("{k} on node {node}, finish {finish}: {other:?}"),
             }

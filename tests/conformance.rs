@@ -444,14 +444,21 @@ macro_rules! conformance {
                 rec.body = bytes::Bytes::from_static(b"done");
                 // Finish while the duplicate waits.
                 assert!(eventually(Duration::from_secs(5), async || l.has_waiters(&k)).await);
-                assert!(first.finish(&rec, Duration::from_secs(60)).await.unwrap());
+                assert!(
+                    first
+                        .finish(rec.encode(), Duration::from_secs(60))
+                        .await
+                        .unwrap()
+                );
                 match tokio::time::timeout(Duration::from_secs(5), waiter)
                     .await
                     .unwrap()
                     .unwrap()
                     .unwrap()
                 {
-                    tower_redis_lock::Acquired::Completed(got) => assert_eq!(got, rec),
+                    tower_redis_lock::Acquired::Completed(got) => {
+                        assert_eq!(tower_redis_lock::Record::decode(got), Some(rec))
+                    }
                     other => panic!("{other:?}"),
                 }
             }

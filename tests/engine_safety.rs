@@ -227,7 +227,7 @@ async fn a_finish_dropped_at_any_point_still_completes_and_wakes_the_local_waite
     let waiter = local_waiter(&locker, &k).await;
     store.close_finishes(true);
     let rec = record();
-    let mut finish = Box::pin(guard.finish(&rec, Duration::from_secs(600)));
+    let mut finish = Box::pin(guard.finish(rec.encode(), Duration::from_secs(600)));
     assert!((&mut finish).now_or_never().is_none());
     drop(finish);
     store.close_finishes(false);
@@ -242,7 +242,7 @@ async fn a_finish_dropped_at_any_point_still_completes_and_wakes_the_local_waite
     store.fail_finishes.store(1, Ordering::SeqCst);
     store.close_releases(true);
     let rec = record();
-    let mut finish = Box::pin(guard.finish(&rec, Duration::from_secs(600)));
+    let mut finish = Box::pin(guard.finish(rec.encode(), Duration::from_secs(600)));
     assert!((&mut finish).now_or_never().is_none());
     drop(finish);
     store.close_releases(false);
@@ -279,7 +279,7 @@ async fn a_release_dropped_while_redis_is_frozen_completes_after_the_thaw() {
     // Dropped after one poll, before the command reached the connection.
     assert!(Box::pin(g1.release()).now_or_never().is_none());
     let rec = record();
-    let finish = g2.finish(&rec, Duration::from_secs(600));
+    let finish = g2.finish(rec.encode(), Duration::from_secs(600));
     assert!(Box::pin(finish).now_or_never().is_none());
     // Dropped while the command waits on the frozen server.
     assert!(
@@ -336,7 +336,7 @@ async fn failed_releases_are_retried_in_the_background_on_memory() {
     store.fail_releases.store(3, Ordering::SeqCst);
     assert!(
         guard
-            .finish(&record(), Duration::from_secs(600))
+            .finish(record().encode(), Duration::from_secs(600))
             .await
             .is_err()
     );
@@ -379,7 +379,7 @@ async fn a_release_that_fails_during_a_brief_freeze_is_retried_until_it_lands() 
     // Each fails after the 500 ms command timeout.
     assert!(g1.release().await.is_err());
     assert!(
-        g2.finish(&record(), Duration::from_secs(600))
+        g2.finish(record().encode(), Duration::from_secs(600))
             .await
             .is_err()
     );
@@ -407,7 +407,7 @@ async fn a_release_that_fails_while_redis_is_down_is_retried_after_it_is_back() 
     // Nothing reaches Redis: each call fails at once.
     assert!(g1.release().await.is_err());
     assert!(
-        g2.finish(&record(), Duration::from_secs(600))
+        g2.finish(record().encode(), Duration::from_secs(600))
             .await
             .is_err()
     );

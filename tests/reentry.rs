@@ -227,14 +227,15 @@ async fn finish_ends_the_lock_for_every_hold() {
     record.body = "done".into();
     assert!(
         inner
-            .finish(&record, Duration::from_secs(60))
+            .finish(record.encode(), Duration::from_secs(60))
             .await
             .unwrap()
     );
     assert!(!outer.is_held());
     assert!(!outer.release().await.unwrap(), "nothing left to release");
     match locker.acquire_or_replay(&k, Duration::ZERO).await.unwrap() {
-        tower_redis_lock::Acquired::Completed(r) => {
+        tower_redis_lock::Acquired::Completed(raw) => {
+            let r = Record::decode(raw).unwrap();
             assert_eq!((r.status, &r.body[..]), (StatusCode::CREATED, &b"done"[..]))
         }
         other => panic!("expected the record, got {other:?}"),

@@ -97,8 +97,9 @@ impl FinishAtEnd {
 /// Stores `record` with the release in one step, and logs when it could not.
 pub(crate) async fn store_and_release(guard: LockGuard, record: Record, retention: Duration) {
     let key = guard.key().clone();
-    match guard.finish(&record, retention).await {
-        Ok(true) => {}
+    let status = record.status.as_u16();
+    match guard.finish(record.encode(), retention).await {
+        Ok(true) => tracing::debug!(key = %key, status, "outcome stored for replay"),
         Ok(false) => {
             tracing::warn!(key = %key, "lock lost before the outcome could be stored; a duplicate will run again")
         }

@@ -8,6 +8,10 @@ use http::{HeaderName, StatusCode, header};
 
 use crate::error::ConfigError;
 
+mod record;
+
+pub use record::Record;
+
 /// Header set on replayed responses.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 

@@ -30,7 +30,7 @@
 mod body;
 mod extract;
 mod future;
-mod idempotency;
+pub(crate) mod idempotency;
 mod key;
 #[allow(clippy::module_inception)]
 mod layer;

@@ -12,7 +12,7 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::future::ResponseFuture;
-use super::idempotency::Fingerprint;
+use super::idempotency::{Fingerprint, Record};
 use super::key::route_namespace;
 use super::layer::{Config, OnLockLost, OnMissingKey, OnStoreError};
 use super::problem::Problem;
@@ -280,9 +280,20 @@ where
         }
         None => c.locker.acquire(&key).await.map(Acquired::Locked),
     };
+    // The engine hands back the stored bytes; the record codec is ours.
+    let taken = match taken {
+        Ok(Acquired::Locked(guard)) => Ok(guard),
+        Ok(Acquired::Completed(raw)) => match Record::decode(raw) {
+            Some(record) => return Ok(replay(record, fingerprint, &key)),
+            None => Err(Error::Record {
+                key: key.clone(),
+                reason: "the stored record is not in a format this version reads",
+            }),
+        },
+        Err(e) => Err(e),
+    };
     let guard = match taken {
-        Ok(Acquired::Locked(guard)) => guard,
-        Ok(Acquired::Completed(record)) => return Ok(replay(record, fingerprint, &key)),
+        Ok(guard) => guard,
         Err(e) if e.is_store_failure() && c.on_store_error == OnStoreError::FailOpen => {
             tracing::warn!(key = %key, error = %e, "lock store failed; running unlocked (fail-open)");
             return run_unlocked(inner, req).await;

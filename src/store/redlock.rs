@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::{AcquireOutcome, LockStore, ReleaseWatch, Renewal};
 use crate::error::ConfigError;
-use crate::locker::drift;
+use crate::time::drift;
 use crate::{Error, FencingToken, LockKey, Operation, OwnerToken, RedisStore};
 
 /// The Redlock algorithm over N independent Redis primaries (use 5, or 3).

@@ -1,4 +1,6 @@
-//! Completed-request records for idempotent replay.
+//! Completed-request records for idempotent replay: the layer's codec for
+//! the opaque bytes the engine stores with
+//! [`LockGuard::finish`](crate::LockGuard::finish).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::guard::{Lease, LossReason};
+use super::lease::{Lease, LossReason};
 use crate::store::{LockStore, Renewal};
 
 /// Messages to the scheduler.
@@ -154,14 +154,14 @@ pub(crate) async fn run<S: LockStore>(
                 entries.remove(&id);
                 continue;
             }
-            if e.in_flight || e.capped {
-                // Waiting for a reply or for the deadline.
+            if e.in_flight || e.capped || e.next_renew > now + window {
+                // Waiting for a reply, or for the deadline (queued for it
+                // because it comes before the next renewal: a renewal
+                // shortened by the hold cap). Renewing again now would
+                // extend nothing, over and over.
                 continue;
             }
-            let lease = match e.lease.hold_deadline {
-                Some(cap) => e.lease.lease.min(cap.saturating_duration_since(now)),
-                None => e.lease.lease,
-            };
+            let lease = e.lease.renewal_at(now);
             queue.remove(&(at, id));
             e.queued = e.lease.valid_until();
             queue.insert((e.queued, id));
@@ -207,5 +207,141 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{Counting, grant, key};
+    use super::*;
+    use crate::MemoryStore;
+    use crate::time::drift;
+
+    const LEASE: Duration = Duration::from_secs(30);
+    const MS: Duration = Duration::from_millis(1);
+
+    struct Running {
+        tx: mpsc::UnboundedSender<Cmd>,
+        renewing: Arc<AtomicUsize>,
+    }
+
+    fn start<S: LockStore>(store: &Arc<S>) -> Running {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let renewing = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(run(store.clone(), rx, 512, LEASE / 12, renewing.clone()));
+        Running { tx, renewing }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renews_every_lease_third_counted_from_the_last_renewal() {
+        let store = Arc::new(MemoryStore::new());
+        let l = grant(&store, &key("third"), LEASE, None).await;
+        let t0 = l.acquired_at;
+        let w = start(&store);
+        w.tx.send(Cmd::Add(l.clone())).unwrap();
+
+        tokio::time::sleep_until(t0 + LEASE / 3 - MS).await;
+        assert_eq!(l.valid_until(), t0 + LEASE - drift(LEASE), "renewed early");
+        assert_eq!(w.renewing.load(Ordering::Relaxed), 1);
+        tokio::time::sleep_until(t0 + LEASE / 3 + MS).await;
+        assert_eq!(l.valid_until(), t0 + LEASE / 3 + LEASE - drift(LEASE));
+        tokio::time::sleep_until(t0 + LEASE * 2 / 3 - MS).await;
+        assert_eq!(l.valid_until(), t0 + LEASE / 3 + LEASE - drift(LEASE));
+        tokio::time::sleep_until(t0 + LEASE * 2 / 3 + MS).await;
+        assert_eq!(l.valid_until(), t0 + LEASE * 2 / 3 + LEASE - drift(LEASE));
+        // Held for ten leases: still valid, still ours in the store.
+        tokio::time::sleep_until(t0 + LEASE * 10).await;
+        assert!(l.is_valid_now());
+        assert!(store.is_locked(&l.key));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_removed_lease_is_not_renewed() {
+        let store = Arc::new(MemoryStore::new());
+        let l = grant(&store, &key("removed"), LEASE, None).await;
+        let t0 = l.acquired_at;
+        let w = start(&store);
+        w.tx.send(Cmd::Add(l.clone())).unwrap();
+        tokio::time::sleep_until(t0 + MS).await;
+        w.tx.send(Cmd::Remove(l.id)).unwrap();
+        tokio::time::sleep_until(t0 + LEASE / 2).await;
+        assert_eq!(l.valid_until(), t0 + LEASE - drift(LEASE));
+        assert_eq!(w.renewing.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_that_finds_another_owner_flips_the_lease_to_lost() {
+        let store = Arc::new(MemoryStore::new());
+        let l = grant(&store, &key("stolen"), LEASE, None).await;
+        let t0 = l.acquired_at;
+        let w = start(&store);
+        w.tx.send(Cmd::Add(l.clone())).unwrap();
+        // Gone behind the watchdog's back.
+        assert!(store.release(&l.key, &l.owner).await.unwrap());
+        tokio::time::sleep_until(t0 + LEASE / 3 - MS).await;
+        assert!(l.is_active());
+        tokio::time::sleep_until(t0 + LEASE / 3 + MS).await;
+        assert!(!l.is_active());
+        assert!(l.lost.is_cancelled());
+        assert_eq!(w.renewing.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_hold_cap_shortens_the_last_renewal_then_stops_renewing() {
+        let counting = Arc::new(Counting::default());
+        // At 10 s the cap leaves 2 s: one renewal for 2 s, then none.
+        let l = grant(
+            &counting.inner,
+            &key("cap"),
+            LEASE,
+            Some(Duration::from_secs(12)),
+        )
+        .await;
+        let t0 = l.acquired_at;
+        let w = start(&counting);
+        w.tx.send(Cmd::Add(l.clone())).unwrap();
+        tokio::time::sleep_until(t0 + LEASE / 3 - MS).await;
+        // Stepped by hand: a watchdog that kept re-sending this renewal
+        // would keep the runtime busy, and paused time would never move.
+        tokio::time::advance(MS * 2).await;
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(counting.extends(), 1, "the short renewal was sent again");
+        let until = t0 + LEASE / 3 + Duration::from_secs(2) - drift(LEASE);
+        assert_eq!(l.valid_until(), until);
+        // Lost at that deadline, not renewed past it.
+        tokio::time::sleep_until(until - MS).await;
+        assert!(l.is_active());
+        tokio::time::sleep_until(until + MS).await;
+        assert!(!l.is_active() && l.lost.is_cancelled());
+        assert_eq!(l.valid_until(), until);
+        assert_eq!(w.renewing.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_renewal_is_sent_once_the_cap_leaves_less_than_two_drifts() {
+        let counting = Arc::new(Counting::default());
+        let store = &counting.inner;
+        // Lease 30 s, cap 90.5 s: renewals at 10, 20, …, 80 s; at 90 s the
+        // cap leaves 0.5 s, under 2 × 302 ms: not worth sending.
+        let cap = Duration::from_millis(90_500);
+        let l = grant(store, &key("tiny"), LEASE, Some(cap)).await;
+        let t0 = l.acquired_at;
+        let w = start(&counting);
+        w.tx.send(Cmd::Add(l.clone())).unwrap();
+        let until = t0 + cap - drift(LEASE);
+        tokio::time::sleep_until(t0 + LEASE * 3 - MS).await;
+        assert_eq!(l.valid_until(), until, "the 80 s renewal asked for 10.5 s");
+        assert!(l.is_active());
+        assert!(store.is_locked(&l.key));
+        // Nothing sent at 90 s: the store lets the lock go at the cap, and
+        // the lease is reported lost at its deadline.
+        tokio::time::sleep_until(t0 + cap).await;
+        assert!(!store.is_locked(&l.key), "renewed past 90 s");
+        assert_eq!(counting.extends(), 8, "renewals at 10, 20, …, 80 s only");
+        tokio::time::sleep_until(until + MS).await;
+        assert!(l.lost.is_cancelled());
+        assert_eq!(w.renewing.load(Ordering::Relaxed), 0);
     }
 }

@@ -1,0 +1,88 @@
+//! [`LockerBuilder`]: the settings of a [`Locker`], checked once.
+
+use std::time::Duration;
+
+use super::locker::Locker;
+use super::options::Options;
+use crate::error::ConfigError;
+use crate::store::LockStore;
+
+/// Builds a [`Locker`]; settings are checked in [`build`](LockerBuilder::build).
+#[derive(Debug)]
+pub struct LockerBuilder<S> {
+    store: S,
+    opts: Options,
+}
+
+impl<S: LockStore> Locker<S> {
+    /// Starts a builder for non-default settings.
+    pub fn builder(store: S) -> LockerBuilder<S> {
+        LockerBuilder {
+            store,
+            opts: Options::default(),
+        }
+    }
+}
+
+impl<S: LockStore> LockerBuilder<S> {
+    /// Lease length (default 30 s, at least 10 ms). The watchdog renews every
+    /// lease/3; validity is `lease − (lease/100 + 2 ms)` after each renewal
+    /// started.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.opts.lease = lease;
+        self
+    }
+
+    /// How long [`Locker::acquire`] waits for a held lock (default 0:
+    /// try-lock).
+    pub fn wait_timeout(mut self, wait: Duration) -> Self {
+        self.opts.wait = wait;
+        self
+    }
+
+    /// Total hold cap (default off): renewals stop so that the lock ends at
+    /// most this long after it was granted, and the guard reports it lost
+    /// then. Bounds a holder that never finishes.
+    pub fn max_hold(mut self, cap: Duration) -> Self {
+        self.opts.max_hold = Some(cap);
+        self
+    }
+
+    /// Longest sleep between attempts while waiting (default 250 ms,
+    /// jittered, and never past the holder's remaining lease). Release
+    /// notifications wake waiters sooner; this is the fallback for missed
+    /// notifications and stores without them.
+    pub fn poll_interval(mut self, poll: Duration) -> Self {
+        self.opts.poll = poll;
+        self
+    }
+
+    /// Renewals per pipelined batch (default 512).
+    pub fn renew_batch(mut self, batch: usize) -> Self {
+        self.opts.batch = batch;
+        self
+    }
+
+    /// Checks the settings.
+    pub fn build(self) -> Result<Locker<S>, ConfigError> {
+        let o = &self.opts;
+        if o.lease < Duration::from_millis(10) {
+            return Err(ConfigError::new("lease", "must be at least 10 ms"));
+        }
+        if o.lease > Duration::from_secs(86_400) {
+            return Err(ConfigError::new("lease", "must be at most 24 h"));
+        }
+        if let Some(cap) = o.max_hold
+            && cap < Duration::from_millis(10)
+        {
+            return Err(ConfigError::new("max_hold", "must be at least 10 ms"));
+        }
+        if o.poll < Duration::from_millis(1) {
+            return Err(ConfigError::new("poll_interval", "must be at least 1 ms"));
+        }
+        if o.batch == 0 {
+            return Err(ConfigError::new("renew_batch", "must be at least 1"));
+        }
+        Ok(Locker::with_options(self.store, self.opts))
+    }
+}

@@ -1,0 +1,379 @@
+//! The guard a holder keeps while it holds a lock: the public face of a
+//! [`Hold`].
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::hold::Hold;
+use super::lease::{Lease, LossReason};
+use super::pending::{EndOp, Ending, PendingEnd, trace_release};
+use super::reentry;
+use super::watchdog::Cmd;
+use crate::{Error, FencingToken, LockKey};
+
+/// Proof that we hold a lock, for as long as [`is_held`](LockGuard::is_held)
+/// says so.
+///
+/// * cheap to clone (`Arc` inside), `Send + Sync`, not generic: it can travel
+///   in request extensions and into spawned tasks;
+/// * the watchdog renews the lease every lease/3 while any clone is alive;
+/// * when a renewal finds another owner, or the local validity deadline
+///   passes without a successful renewal, the guard flips to lost at once:
+///   `is_held()` turns false and every [`lost()`](LockGuard::lost) future
+///   resolves;
+/// * [`release`](LockGuard::release) gives the lock back and says whether we
+///   still owned it; dropping the last clone releases in a task spawned on
+///   the current runtime (or, outside any, on the one that granted the
+///   lock) and never blocks. Renewal stops before the release is sent.
+/// * cancellation-safe: a `release` or `finish` future dropped at any point
+///   completes in the background, and a release that fails (a brief
+///   outage) is retried there until the store answers or the lease is over;
+///   this process's waiters for the key are woken once it lands.
+///
+/// ```
+/// use tower_redis_lock::{LockKey, Locker, MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_redis_lock::Error> {
+/// let locker = Locker::new(MemoryStore::new());
+/// let guard = locker.acquire(&LockKey::new("invoices", "inv_7")?).await?;
+///
+/// // Hand the fencing token to the resource you write to.
+/// let token = guard.fencing_token();
+/// assert!(guard.is_held());
+///
+/// tokio::select! {
+///     _ = guard.lost() => { /* stop: someone else may hold it now */ }
+///     _ = async { /* the work */ } => {}
+/// }
+/// assert!(guard.release().await?);
+/// # let _ = token;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct LockGuard {
+    shared: Arc<Hold>,
+}
+impl LockGuard {
+    /// The guard of a fresh grant.
+    pub(crate) fn new(end: Ending, watchdog: mpsc::UnboundedSender<Cmd>) -> Self {
+        LockGuard {
+            shared: Arc::new(Hold::new(end, watchdog)),
+        }
+    }
+
+    /// A guard on an existing hold (found by task-local re-entry).
+    pub(crate) fn from_hold(shared: Arc<Hold>) -> Self {
+        LockGuard { shared }
+    }
+
+    /// Takes the lock again for a nested piece of work of the same holder,
+    /// without asking the store: the returned guard is one more hold on the
+    /// same grant (same key, same fencing token, same lease and watchdog).
+    ///
+    /// Holds are counted, like Redisson's re-entrant lock: the lock is
+    /// released when every hold has been released or dropped, in any order.
+    /// [`finish`](LockGuard::finish) is the exception: it ends the lock for
+    /// every hold at once. A re-entry costs no round trip.
+    ///
+    /// Fails with [`Error::LockLost`] if the lock is no longer held (lost,
+    /// expired or released).
+    ///
+    /// [`Locker`](crate::Locker) re-enters by itself when the task that asks
+    /// for a key already holds it through [`scope`](LockGuard::scope) (the
+    /// [`LockLayer`](crate::LockLayer) runs its inner service in one).
+    ///
+    /// ```
+    /// use tower_redis_lock::{LockKey, Locker, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_redis_lock::Error> {
+    /// let locker = Locker::new(MemoryStore::new());
+    /// let key = LockKey::new("orders", "42")?;
+    /// let outer = locker.acquire(&key).await?;
+    /// let inner = outer.reenter()?;
+    /// assert_eq!(inner.fencing_token(), outer.fencing_token());
+    /// assert_eq!(outer.hold_count(), 2);
+    ///
+    /// inner.release().await?; // one hold left: still locked
+    /// assert!(locker.try_acquire(&key).await.is_err());
+    /// outer.release().await?; // the last hold: released
+    /// assert!(locker.try_acquire(&key).await.is_ok());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reenter(&self) -> Result<LockGuard, Error> {
+        match self.shared.reenter() {
+            Some(hold) => Ok(LockGuard {
+                shared: Arc::new(hold),
+            }),
+            None => Err(Error::LockLost {
+                key: self.key().clone(),
+            }),
+        }
+    }
+
+    /// How many holds the grant has: 1 after the acquire, +1 per
+    /// [`reenter`](LockGuard::reenter), −1 per hold released or dropped.
+    pub fn hold_count(&self) -> u32 {
+        self.shared.count()
+    }
+
+    /// Runs `fut` with this lock registered as held by the current task, so
+    /// that a [`Locker`](crate::Locker) call for the same key inside it
+    /// (through any locker on the same store or a clone of it) re-enters
+    /// instead of waiting for itself. Tasks spawned from `fut` are not inside the scope; hand them
+    /// the guard (or a [`reenter`](LockGuard::reenter)ed one) instead.
+    ///
+    /// The scope does not keep the lock: dropping every clone of the guard
+    /// inside it gives the hold back as usual.
+    ///
+    /// ```
+    /// use tower_redis_lock::{LockKey, Locker, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_redis_lock::Error> {
+    /// let locker = Locker::new(MemoryStore::new()); // try-lock
+    /// let key = LockKey::new("orders", "42")?;
+    /// let guard = locker.acquire(&key).await?;
+    ///
+    /// let nested = guard
+    ///     .scope(async {
+    ///         // Deep inside the same work: no deadlock, no 409.
+    ///         let again = locker.acquire(&key).await?;
+    ///         assert_eq!(again.hold_count(), 2);
+    ///         Ok::<_, tower_redis_lock::Error>(again.fencing_token())
+    ///     })
+    ///     .await?;
+    /// assert_eq!(nested, guard.fencing_token());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn scope<F: Future>(&self, fut: F) -> impl Future<Output = F::Output> {
+        reentry::scope(Arc::downgrade(&self.shared), fut)
+    }
+
+    /// The lease this guard holds.
+    pub(crate) fn lease_state(&self) -> &Arc<Lease> {
+        self.shared.lease()
+    }
+
+    /// Whether this guard's lock was granted by a store with this
+    /// [`instance_id`](crate::LockStore::instance_id).
+    pub(crate) fn is_from(&self, store: usize) -> bool {
+        self.shared.is_from(store)
+    }
+
+    /// The lock's key.
+    pub fn key(&self) -> &LockKey {
+        &self.shared.lease().key
+    }
+
+    /// The fencing token of this grant.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.shared.lease().token
+    }
+
+    /// The lease length the watchdog keeps renewing.
+    pub fn lease(&self) -> Duration {
+        self.shared.lease().lease
+    }
+
+    /// When the lock was granted (start of the winning attempt).
+    pub fn acquired_at(&self) -> Instant {
+        self.shared.lease().acquired_at
+    }
+
+    /// Whether we still hold the lock: this hold not given back, the lock
+    /// not released or lost, and the local validity deadline (`last
+    /// successful renewal start + lease − drift`, on the monotonic clock) not
+    /// passed.
+    pub fn is_held(&self) -> bool {
+        self.shared.is_held()
+    }
+
+    /// How long the lease is certainly valid from now on (zero once lost or
+    /// released, or once this hold is given back).
+    pub fn valid_for(&self) -> Duration {
+        if self.shared.is_ended() {
+            return Duration::ZERO;
+        }
+        self.shared.lease().valid_for()
+    }
+
+    /// Resolves once the lock is lost (another owner, or the lease ran out
+    /// without a renewal). Pends forever while the lock is held or after a
+    /// clean release. Cancel-safe; any number of clones may wait.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + '_ {
+        self.shared.lease().lost.cancelled()
+    }
+
+    /// Whether the lock has been lost (as opposed to held or released).
+    pub fn is_lost(&self) -> bool {
+        self.shared.lease().lost.is_cancelled()
+    }
+
+    /// Renews the lease right now, on top of the watchdog. Fails with
+    /// [`Error::LockLost`] (and flips the guard to lost) if we no longer own
+    /// the lock.
+    pub async fn extend(&self) -> Result<(), Error> {
+        let l = self.shared.lease();
+        if !l.is_active() {
+            return Err(Error::LockLost { key: l.key.clone() });
+        }
+        let started = Instant::now();
+        let lease = l.renewal_at(started);
+        if lease.is_zero() {
+            return Err(Error::LockLost { key: l.key.clone() });
+        }
+        if self
+            .shared
+            .end
+            .store
+            .extend_dyn(&l.key, &l.owner, lease)
+            .await?
+        {
+            l.renewed(started, lease);
+            Ok(())
+        } else {
+            l.mark_lost(LossReason::NotOwner);
+            Err(Error::LockLost { key: l.key.clone() })
+        }
+    }
+
+    /// Stores `record` (opaque bytes: the engine never looks inside) as the
+    /// key's completed outcome for `retention` and releases the lock, in one
+    /// atomic owner-checked step: duplicates from now on get these bytes
+    /// from [`Locker::acquire_or_replay`](crate::Locker::acquire_or_replay)
+    /// as [`Acquired::Completed`](crate::Acquired::Completed).
+    /// `Ok(false)` (nothing stored) if we no longer owned the lock.
+    ///
+    /// (The [`LockLayer`](crate::LockLayer) stores an encoded
+    /// [`Record`](crate::Record) here.)
+    ///
+    /// This ends the lock for every hold: other holds of a
+    /// [re-entered](LockGuard::reenter) lock see `is_held() == false`.
+    ///
+    /// If nothing was stored (an error, or the lock was no longer ours), the
+    /// lock is released as by [`release`](LockGuard::release), retried in
+    /// the background on failure. Dropping the future before it is done
+    /// finishes (then, if needed, releases) in the background.
+    pub async fn finish(self, record: Bytes, retention: Duration) -> Result<bool, Error> {
+        let s = &self.shared;
+        if s.end_hold().is_none() || !s.stop_renewal() {
+            return Ok(false);
+        }
+        let e = &s.end;
+        let l = &*e.lease;
+        let len = record.len();
+        // Dropped before the answer: the same step finishes in the
+        // background (then releases if nothing was stored).
+        let mut pending = PendingEnd::arm(
+            e,
+            EndOp::Finish {
+                record: record.clone(),
+                retention,
+            },
+        );
+        let res = e
+            .store
+            .finish_dyn(&l.key, &l.owner, record, retention)
+            .await;
+        match &res {
+            Ok(stored) => tracing::debug!(
+                key = %l.key,
+                fencing_token = l.token.get(),
+                stored,
+                bytes = len,
+                "lock finished with a completed record"
+            ),
+            Err(e) => {
+                tracing::warn!(key = %l.key, error = %e, "storing the completed record failed")
+            }
+        }
+        if matches!(res, Ok(true)) {
+            pending.disarm();
+            e.local.wake(&l.key);
+            return res;
+        }
+        // Not stored: make sure the lock does not linger either.
+        pending.op = Some(EndOp::Release);
+        let released = e.store.release_dyn(&l.key, &l.owner).await;
+        trace_release(l, &released);
+        if released.is_ok() {
+            pending.disarm();
+            e.local.wake(&l.key);
+        } else {
+            // A brief outage: keep trying in the background.
+            pending.retry_later();
+        }
+        res
+    }
+
+    /// Gives this hold back now, whatever other clones of it exist; the
+    /// release, if it was the last hold, runs in the background.
+    pub(crate) fn release_in_background(&self) {
+        self.shared.release_in_background();
+    }
+
+    /// Gives this hold back; if it was the last one (always, unless the lock
+    /// was [re-entered](LockGuard::reenter)), releases the lock now.
+    ///
+    /// `Ok(true)` if we still owned the lock, `Ok(false)` if it had already
+    /// expired, been taken over, or been released through another clone.
+    /// Other clones of this guard see `is_held() == false` afterwards. When
+    /// other holds remain, nothing is sent and the answer is whether the
+    /// lock is still held for them.
+    ///
+    /// An `Err` (the store did not answer) does not leave the lock to its
+    /// lease: the release keeps being retried in the background, with
+    /// backoff, until the store answers (released, or no longer ours) or the
+    /// lock would have expired by itself. Dropping the future before the
+    /// answer likewise lets the release finish in the background; either
+    /// way this process's waiters for the key are woken when it lands.
+    pub async fn release(self) -> Result<bool, Error> {
+        let s = &self.shared;
+        match s.end_hold() {
+            None => return Ok(false),
+            Some(false) => return Ok(s.lease().is_valid_now()),
+            Some(true) => {}
+        }
+        if !s.stop_renewal() {
+            return Ok(false);
+        }
+        let e = &s.end;
+        let l = &*e.lease;
+        // Dropped before the answer: the release goes on in the background.
+        let mut pending = PendingEnd::arm(e, EndOp::Release);
+        let res = e.store.release_dyn(&l.key, &l.owner).await;
+        trace_release(l, &res);
+        if res.is_ok() {
+            pending.disarm();
+            e.local.wake(&l.key);
+        } else {
+            // The error goes to the caller; the release is retried in the
+            // background until the store answers or the lease is over.
+            pending.retry_later();
+        }
+        res
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let l = self.shared.lease();
+        f.debug_struct("LockGuard")
+            .field("key", &l.key)
+            .field("fencing_token", &l.token)
+            .field("held", &self.is_held())
+            .field("valid_for", &self.valid_for())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,243 @@
+//! The state of one granted lease: its validity deadline and whether it is
+//! held, lost or released. Shared by every hold of the grant, the watchdog
+//! and the key's local queue.
+
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::time::far_add;
+use crate::{FencingToken, LockKey, OwnerToken};
+
+const HELD: u8 = 0;
+const LOST: u8 = 1;
+const RELEASED: u8 = 2;
+
+/// Why a lease was lost (for logs).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum LossReason {
+    NotOwner,
+    Expired,
+}
+
+/// State of one granted lease, shared by its guard clones and the watchdog.
+pub(crate) struct Lease {
+    pub(crate) id: u64,
+    pub(crate) key: LockKey,
+    pub(crate) owner: OwnerToken,
+    pub(crate) token: FencingToken,
+    pub(crate) lease: Duration,
+    pub(crate) drift: Duration,
+    pub(crate) acquired_at: Instant,
+    pub(crate) hold_deadline: Option<Instant>,
+    /// Nanoseconds after `acquired_at` until which the lease is valid.
+    valid_until_ns: AtomicU64,
+    status: AtomicU8,
+    pub(crate) lost: CancellationToken,
+    /// Holds not yet given back: 1 for the grant, +1 per re-entry. The lock
+    /// is released when this reaches zero (see `hold.rs`).
+    pub(crate) holds: AtomicU32,
+}
+
+impl Lease {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        id: u64,
+        key: LockKey,
+        owner: OwnerToken,
+        token: FencingToken,
+        lease: Duration,
+        drift: Duration,
+        attempt_start: Instant,
+        max_hold: Option<Duration>,
+    ) -> Lease {
+        let l = Lease {
+            id,
+            key,
+            owner,
+            token,
+            lease,
+            drift,
+            acquired_at: attempt_start,
+            hold_deadline: max_hold.map(|h| far_add(attempt_start, h)),
+            valid_until_ns: AtomicU64::new(0),
+            status: AtomicU8::new(HELD),
+            lost: CancellationToken::new(),
+            holds: AtomicU32::new(1),
+        };
+        // Granted for what the hold cap leaves of the lease (see
+        // `Locker::attempt`), so valid no longer than that either.
+        l.renewed(attempt_start, l.renewal_at(attempt_start));
+        l
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        self.acquired_at + Duration::from_nanos(self.valid_until_ns.load(Ordering::Acquire))
+    }
+
+    /// Records a successful renewal sent at `started` for `lease`: the lease
+    /// is valid until `started + lease - drift` (never moves backwards).
+    pub(crate) fn renewed(&self, started: Instant, lease: Duration) {
+        let until = (started + lease.saturating_sub(self.drift))
+            .saturating_duration_since(self.acquired_at)
+            .as_nanos() as u64;
+        self.valid_until_ns.fetch_max(until, Ordering::AcqRel);
+    }
+
+    /// How long the lease is certainly valid from now on (zero once lost,
+    /// released or past its deadline).
+    pub(crate) fn valid_for(&self) -> Duration {
+        if !self.is_active() {
+            return Duration::ZERO;
+        }
+        self.valid_until().saturating_duration_since(Instant::now())
+    }
+
+    /// The lease to ask for in a renewal sent `now`: the full lease, or what
+    /// the hold cap leaves of it.
+    pub(crate) fn renewal_at(&self, now: Instant) -> Duration {
+        match self.hold_deadline {
+            Some(cap) => self.lease.min(cap.saturating_duration_since(now)),
+            None => self.lease,
+        }
+    }
+
+    pub(crate) fn is_active(&self) -> bool {
+        self.status.load(Ordering::Acquire) == HELD
+    }
+
+    /// Neither released nor lost, and the validity deadline not passed.
+    pub(crate) fn is_valid_now(&self) -> bool {
+        self.is_active() && Instant::now() < self.valid_until()
+    }
+
+    /// Flips a held lease to lost and tells every observer. Returns whether
+    /// this call did it.
+    pub(crate) fn mark_lost(&self, reason: LossReason) -> bool {
+        let flipped = self
+            .status
+            .compare_exchange(HELD, LOST, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if flipped {
+            self.lost.cancel();
+            tracing::warn!(
+                key = %self.key,
+                fencing_token = self.token.get(),
+                reason = ?reason,
+                held_ms = self.acquired_at.elapsed().as_millis() as u64,
+                "lock lost"
+            );
+        }
+        flipped
+    }
+
+    /// Marks the lease released; returns whether it was not released before.
+    pub(crate) fn mark_released(&self) -> bool {
+        self.status.swap(RELEASED, Ordering::AcqRel) != RELEASED
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{grant, key};
+    use super::*;
+    use crate::MemoryStore;
+    use crate::time::drift;
+
+    const LEASE: Duration = Duration::from_secs(30);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fresh_lease_is_valid_for_lease_minus_drift_and_not_one_instant_more() {
+        let l = grant(&MemoryStore::new(), &key("fresh"), LEASE, None).await;
+        let margin = drift(LEASE);
+        assert_eq!(margin, Duration::from_millis(302));
+        assert_eq!(l.valid_until(), l.acquired_at + LEASE - margin);
+        assert_eq!(l.valid_for(), LEASE - margin);
+
+        tokio::time::advance(LEASE - margin - Duration::from_millis(1)).await;
+        assert!(l.is_valid_now());
+        assert_eq!(l.valid_for(), Duration::from_millis(1));
+        // The deadline itself is already too late.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!l.is_valid_now());
+        assert_eq!(l.valid_for(), Duration::ZERO);
+        // Expiry is judged by the clock: the state is still "held" until the
+        // watchdog marks it lost.
+        assert!(l.is_active());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_counts_from_when_it_was_sent_and_never_moves_the_deadline_back() {
+        let l = grant(&MemoryStore::new(), &key("renew"), LEASE, None).await;
+        let t0 = l.acquired_at;
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_secs(2)).await; // the reply took 2 s
+        l.renewed(sent, LEASE);
+        assert_eq!(l.valid_until(), sent + LEASE - drift(LEASE));
+        assert_eq!(l.valid_for(), LEASE - drift(LEASE) - Duration::from_secs(2));
+
+        // A late answer to an older renewal (sent at t0 + 1 s) changes nothing.
+        l.renewed(t0 + Duration::from_secs(1), LEASE);
+        assert_eq!(l.valid_until(), sent + LEASE - drift(LEASE));
+        // Nor does a shorter renewal sent later.
+        l.renewed(Instant::now(), Duration::from_secs(1));
+        assert_eq!(l.valid_until(), sent + LEASE - drift(LEASE));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_ask_for_what_the_hold_cap_leaves() {
+        let cap = Duration::from_secs(40);
+        let l = grant(&MemoryStore::new(), &key("cap"), LEASE, Some(cap)).await;
+        let t0 = l.acquired_at;
+        assert_eq!(l.renewal_at(t0 + Duration::from_secs(10)), LEASE);
+        assert_eq!(
+            l.renewal_at(t0 + Duration::from_secs(25)),
+            Duration::from_secs(15)
+        );
+        assert_eq!(l.renewal_at(t0 + Duration::from_secs(50)), Duration::ZERO);
+        let free = grant(&MemoryStore::new(), &key("free"), LEASE, None).await;
+        assert_eq!(free.renewal_at(t0 + Duration::from_secs(3600)), LEASE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_cap_shorter_than_the_lease_bounds_the_first_validity() {
+        let cap = Duration::from_secs(12);
+        let l = grant(&MemoryStore::new(), &key("short-cap"), LEASE, Some(cap)).await;
+        assert_eq!(l.valid_until(), l.acquired_at + cap - drift(LEASE));
+        let long = grant(
+            &MemoryStore::new(),
+            &key("long-cap"),
+            LEASE,
+            Some(LEASE * 3),
+        )
+        .await;
+        assert_eq!(long.valid_until(), long.acquired_at + LEASE - drift(LEASE));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn loss_is_flipped_once_and_told_and_a_released_lease_is_not_valid() {
+        let l = grant(&MemoryStore::new(), &key("lost"), LEASE, None).await;
+        assert!(!l.lost.is_cancelled());
+        assert!(l.mark_lost(LossReason::NotOwner));
+        assert!(l.lost.is_cancelled());
+        assert!(
+            !l.mark_lost(LossReason::Expired),
+            "only the first flip counts"
+        );
+        assert!(!l.is_valid_now());
+        assert_eq!(l.valid_for(), Duration::ZERO);
+
+        let r = grant(&MemoryStore::new(), &key("released"), LEASE, None).await;
+        assert!(r.mark_released());
+        assert!(!r.mark_released());
+        assert!(!r.is_valid_now());
+        assert!(
+            !r.mark_lost(LossReason::Expired),
+            "a released lease is not lost"
+        );
+        assert!(!r.lost.is_cancelled());
+    }
+}

@@ -1,0 +1,236 @@
+//! The lock engine: acquiring with a wait, and handing out guards.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use super::guard::LockGuard;
+use super::options::Options;
+use super::queue::Queues;
+use super::watchdog::{self, Cmd};
+use crate::store::LockStore;
+use crate::{Error, LockKey};
+
+/// What [`Locker::acquire_or_replay`] found.
+#[derive(Debug)]
+pub enum Acquired {
+    /// The lock is ours: do the work, then [`LockGuard::finish`] or release.
+    Locked(LockGuard),
+    /// The work was done before: the bytes its holder stored with
+    /// [`LockGuard::finish`], to replay. The engine never looks inside
+    /// them (the [`LockLayer`](crate::LockLayer) stores an encoded
+    /// [`Record`](crate::Record)).
+    Completed(Bytes),
+}
+
+/// Takes locks from a [`LockStore`] and keeps them alive.
+///
+/// A `Locker` is cheap to clone; clones share one watchdog task (spawned on
+/// first use, on the caller's runtime, and spawned again on the caller's
+/// runtime if the one it ran on has shut down) that renews every lease they
+/// hold, every lease/3, in pipelined batches.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_lock::{LockKey, Locker, MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_redis_lock::Error> {
+/// let locker = Locker::builder(MemoryStore::new())
+///     .lease(Duration::from_secs(10))
+///     .wait_timeout(Duration::from_secs(2))
+///     .build()?;
+///
+/// let key = LockKey::new("reports", "2026-11")?;
+/// let guard = locker.acquire(&key).await?;
+/// println!("fencing token {}", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct Locker<S> {
+    pub(super) inner: Arc<Inner<S>>,
+}
+
+impl<S> Clone for Locker<S> {
+    fn clone(&self) -> Self {
+        Locker {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+pub(crate) struct Inner<S> {
+    pub(crate) store: Arc<S>,
+    pub(crate) opts: Options,
+    /// The renewal task's inbox; replaced when that task is gone (its
+    /// runtime shut down).
+    watchdog: RwLock<Option<mpsc::UnboundedSender<Cmd>>>,
+    pub(crate) next_id: AtomicU64,
+    renewing: Arc<AtomicUsize>,
+    pub(crate) queues: Queues,
+}
+
+impl<S> std::fmt::Debug for Locker<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locker")
+            .field("lease", &self.inner.opts.lease)
+            .field("wait_timeout", &self.inner.opts.wait)
+            .field("max_hold", &self.inner.opts.max_hold)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: LockStore> Locker<S> {
+    /// A locker with the defaults: 30 s lease, try-lock, no hold cap.
+    pub fn new(store: S) -> Self {
+        Locker::with_options(store, Options::default())
+    }
+
+    pub(crate) fn with_options(store: S, opts: Options) -> Self {
+        Locker {
+            inner: Arc::new(Inner {
+                store: Arc::new(store),
+                opts,
+                watchdog: RwLock::new(None),
+                next_id: AtomicU64::new(0),
+                renewing: Arc::default(),
+                queues: Queues::default(),
+            }),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.inner.store
+    }
+
+    /// The configured lease.
+    pub fn lease(&self) -> Duration {
+        self.inner.opts.lease
+    }
+
+    /// How many leases the watchdog is renewing right now (granted and
+    /// neither released nor lost). Updated by the watchdog task, so it lags
+    /// a release by one scheduling step.
+    ///
+    /// A test hook (tests wait for leases to be dropped), not part of the
+    /// stable API.
+    #[doc(hidden)]
+    pub fn renewing(&self) -> usize {
+        self.inner.renewing.load(Ordering::Relaxed)
+    }
+
+    /// The configured wait timeout.
+    pub fn wait_timeout(&self) -> Duration {
+        self.inner.opts.wait
+    }
+
+    /// Takes the lock, waiting up to the configured wait timeout.
+    pub async fn acquire(&self, key: &LockKey) -> Result<LockGuard, Error> {
+        self.acquire_within(key, self.inner.opts.wait).await
+    }
+
+    /// Takes the lock if it is free right now ([`Error::Contended`]
+    /// otherwise).
+    pub async fn try_acquire(&self, key: &LockKey) -> Result<LockGuard, Error> {
+        self.acquire_within(key, Duration::ZERO).await
+    }
+
+    /// Takes the lock, waiting up to `wait` (0 = try-lock).
+    ///
+    /// While waiting it first tries, then subscribes to the key's release
+    /// notifications, then tries again before every wait — so a release
+    /// between a failed try and the wait is never missed. It wakes on a
+    /// notification, or after a jittered poll bounded by the holder's
+    /// remaining lease (which covers expiry, which nobody announces).
+    ///
+    /// Every step after the first try — waiting for this process's earlier
+    /// waiters, subscribing, each further try — ends at the deadline
+    /// (`wait` after the call), whatever the store's command timeout: a wait
+    /// answers [`Error::WaitTimeout`] on time even when the store stops
+    /// answering. `Duration::MAX` waits for ever.
+    ///
+    /// Dropping the future at any point is safe: an attempt whose answer was
+    /// not received (dropped, or cut at the deadline) is released in the
+    /// background (owner-checked, on the current runtime).
+    ///
+    /// Re-entry: when the calling task already holds `key` through this
+    /// locker's store or a clone of it (inside [`LockGuard::scope`]; the
+    /// [`LockLayer`](crate::LockLayer) runs its inner service in one), the
+    /// answer is one more hold on that grant, at once and with the same
+    /// fencing token (see [`LockGuard::reenter`]).
+    pub async fn acquire_within(&self, key: &LockKey, wait: Duration) -> Result<LockGuard, Error> {
+        match self.take(key, wait, false).await? {
+            Acquired::Locked(guard) => Ok(guard),
+            Acquired::Completed(_) => Err(Error::Record {
+                key: key.clone(),
+                reason: "the store answered a plain acquire with a completed record",
+            }),
+        }
+    }
+
+    /// Takes the lock unless the key's work is already done: then answers
+    /// its completed bytes (stored by [`LockGuard::finish`]) without
+    /// locking. Waits up to `wait` like
+    /// [`acquire_within`](Locker::acquire_within), so a duplicate that
+    /// arrives while the first is running can wait for its record.
+    ///
+    /// With the Redis store this is one round trip when the key is free or
+    /// completed.
+    pub async fn acquire_or_replay(
+        &self,
+        key: &LockKey,
+        wait: Duration,
+    ) -> Result<Acquired, Error> {
+        self.take(key, wait, true).await
+    }
+
+    /// Identifies the store behind this locker (for re-entry: a guard
+    /// re-enters only through the store that granted it, or a clone).
+    pub(crate) fn store_id(&self) -> usize {
+        self.inner.store.instance_id()
+    }
+
+    /// Whether a task of this locker is waiting for `key` right now.
+    ///
+    /// A test hook (tests wait for a waiter to be queued), not part of the
+    /// stable API.
+    #[doc(hidden)]
+    pub fn has_waiters(&self, key: &LockKey) -> bool {
+        self.inner.queues.has_waiters(key)
+    }
+
+    /// The watchdog's inbox. The watchdog is spawned on `runtime` (the
+    /// caller's) the first time, and again whenever the task it ran on is
+    /// gone — its runtime shut down (a locker shared across `#[tokio::test]`s,
+    /// built in a setup runtime, or outliving a restarted worker).
+    pub(crate) fn watchdog(&self, runtime: &tokio::runtime::Handle) -> mpsc::UnboundedSender<Cmd> {
+        let slot = &self.inner.watchdog;
+        if let Some(tx) = slot.read().unwrap_or_else(|p| p.into_inner()).as_ref()
+            && !tx.is_closed()
+        {
+            return tx.clone();
+        }
+        let mut slot = slot.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = slot.as_ref()
+            && !tx.is_closed()
+        {
+            return tx.clone();
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        drop(runtime.spawn(watchdog::run(
+            self.inner.store.clone(),
+            rx,
+            self.inner.opts.batch,
+            // Renewals due within lease/12 of each other share a batch.
+            self.inner.opts.lease / 12,
+            self.inner.renewing.clone(),
+        )));
+        *slot = Some(tx.clone());
+        tx
+    }
+}

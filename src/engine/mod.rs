@@ -1,0 +1,40 @@
+//! The lock engine: takes locks from a [`LockStore`](crate::LockStore),
+//! waits for them, keeps them alive and hands out guards. It knows no HTTP:
+//! a completed outcome is opaque bytes.
+//!
+//! Layers point one way (each file uses only those above it):
+//!
+//! | file | concern |
+//! |---|---|
+//! | `lease.rs` | one grant's validity deadline and state (held, lost, released) |
+//! | `dyn_store.rs` | the object-safe store a guard keeps |
+//! | `queue.rs` | this process's waiters per key: local FIFO, wake on release |
+//! | `watchdog.rs` | one renewal task per locker: renew at lease/3, in batches |
+//! | `pending.rs` | drop guards for unanswered store calls; ending a lock in the background |
+//! | `hold.rs` | one hold of a grant; hold counting (the last one ends the lock) |
+//! | `reentry.rs` | the holds the current task runs under |
+//! | `guard.rs` | [`LockGuard`], the public face of a hold |
+//! | `locker.rs` | [`Locker`] and [`Acquired`] |
+//! | `options.rs` | a locker's settings and their defaults |
+//! | `builder.rs` | [`LockerBuilder`]: settings checked once |
+//! | `wait.rs` | the wait loop and one try at the store |
+
+mod builder;
+mod dyn_store;
+mod guard;
+mod hold;
+mod lease;
+mod locker;
+mod options;
+mod pending;
+mod queue;
+mod reentry;
+#[cfg(test)]
+mod test_support;
+mod wait;
+mod watchdog;
+
+pub use builder::LockerBuilder;
+pub use guard::LockGuard;
+pub use locker::{Acquired, Locker};
+pub use options::{DEFAULT_LEASE, DEFAULT_POLL, DEFAULT_RENEW_BATCH, DEFAULT_WAIT};

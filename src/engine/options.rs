@@ -1,0 +1,35 @@
+//! A locker's settings and their defaults.
+
+use std::time::Duration;
+
+/// Default lease: 30 s, renewed every 10 s while held.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default wait timeout: 0, i.e. try-lock.
+pub const DEFAULT_WAIT: Duration = Duration::ZERO;
+/// Default cap on each poll while waiting (the release notification usually
+/// wakes a waiter long before).
+pub const DEFAULT_POLL: Duration = Duration::from_millis(250);
+/// Default number of renewals per pipelined batch.
+pub const DEFAULT_RENEW_BATCH: usize = 512;
+
+/// A locker's settings.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    pub(crate) lease: Duration,
+    pub(crate) wait: Duration,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) poll: Duration,
+    pub(crate) batch: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            lease: DEFAULT_LEASE,
+            wait: DEFAULT_WAIT,
+            max_hold: None,
+            poll: DEFAULT_POLL,
+            batch: DEFAULT_RENEW_BATCH,
+        }
+    }
+}

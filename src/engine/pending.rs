@@ -1,0 +1,271 @@
+//! Drop guards for store calls whose answer has not arrived, and the
+//! background task that ends a lock. `Drop` never blocks: it spawns.
+//!
+//! * [`PendingAttempt`]: an acquire whose future was dropped may still have
+//!   been granted; release it, owner-checked.
+//! * [`PendingEnd`]: a release or finish whose future was dropped (or that
+//!   failed) goes on in the background, retried until the store answers or
+//!   the lease is over; this process's waiters are woken once it lands.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+
+use super::dyn_store::DynStore;
+use super::lease::Lease;
+use super::queue::Queues;
+use crate::store::LockStore;
+use crate::time::far_add;
+use crate::{Error, LockKey, OwnerToken};
+
+/// First pause between two tries of a failed release; doubles up to
+/// [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+/// Longest pause between two tries of a failed release.
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// An acquire attempt whose answer has not arrived. If the future holding it
+/// is dropped (client gone, timeout), the attempt may still have been
+/// granted: release it in the background, owner-checked.
+/// (Spawned on the current runtime, or on the attempt's own if the future
+/// is dropped outside any runtime.)
+pub(crate) struct PendingAttempt<'a, S: LockStore> {
+    armed: Option<(&'a Arc<S>, &'a LockKey, &'a OwnerToken)>,
+    lease: Duration,
+    runtime: &'a Handle,
+}
+
+impl<'a, S: LockStore> PendingAttempt<'a, S> {
+    pub(crate) fn new(
+        store: &'a Arc<S>,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        lease: Duration,
+        runtime: &'a Handle,
+    ) -> Self {
+        PendingAttempt {
+            armed: Some((store, key, owner)),
+            lease,
+            runtime,
+        }
+    }
+
+    pub(crate) fn disarm(mut self) {
+        self.armed = None;
+    }
+}
+
+impl<S: LockStore> Drop for PendingAttempt<'_, S> {
+    fn drop(&mut self) {
+        if let Some((store, key, owner)) = self.armed.take() {
+            let (key, owner, lease) = (key.clone(), owner.clone(), self.lease);
+            let store: Arc<dyn DynStore> = store.clone();
+            spawn_detached(Some(self.runtime), async move {
+                // One try, bounded by a lease (after which a grant made now
+                // has expired anyway). Not retried: failed acquires are not
+                // bounded by the locks held, and retrying each of them
+                // through an outage would pile up work for the recovery.
+                let give_up = far_add(Instant::now(), lease);
+                let _ = tokio::time::timeout_at(give_up, store.release_dyn(&key, &owner)).await;
+            });
+        }
+    }
+}
+
+/// How a lock is ended.
+pub(crate) enum EndOp {
+    /// Compare-and-delete.
+    Release,
+    /// Store a completed record and release, in one step; release alone if
+    /// that did not store it.
+    Finish { record: Bytes, retention: Duration },
+}
+
+/// What ending a lock needs; every hold of one grant has a copy.
+#[derive(Clone)]
+pub(crate) struct Ending {
+    pub(crate) lease: Arc<Lease>,
+    pub(crate) store: Arc<dyn DynStore>,
+    /// This process's waiters, woken right after a release.
+    pub(crate) local: Queues,
+    /// The runtime the lock was granted on: where background releases go
+    /// when the guard is dropped outside any runtime.
+    pub(crate) runtime: Option<Handle>,
+}
+
+impl Ending {
+    /// Ends the lock in a task of the caller's runtime, or of the runtime
+    /// that granted it when there is no current runtime (and it is still
+    /// running). With neither, the lease expires on its own.
+    pub(crate) fn spawn(&self, op: EndOp, pause_first: bool) {
+        let job = end_lock(
+            self.lease.clone(),
+            self.store.clone(),
+            self.local.clone(),
+            op,
+            pause_first,
+        );
+        if !spawn_detached(self.runtime.as_ref(), job) {
+            tracing::warn!(
+                key = %self.lease.key,
+                fencing_token = self.lease.token.get(),
+                "no runtime left to release the lock on; the lease will expire on its own"
+            );
+        }
+    }
+}
+
+/// A release or finish whose answer has not arrived. If its future is
+/// dropped (timeout layer, client gone), the same operation goes on in the
+/// background; on a store error it is retried there. Costs nothing (no
+/// spawn) when the answer arrives.
+pub(crate) struct PendingEnd<'a> {
+    ending: &'a Ending,
+    pub(crate) op: Option<EndOp>,
+    pause_first: bool,
+}
+
+impl<'a> PendingEnd<'a> {
+    pub(crate) fn arm(ending: &'a Ending, op: EndOp) -> Self {
+        PendingEnd {
+            ending,
+            op: Some(op),
+            pause_first: false,
+        }
+    }
+
+    /// The store answered: nothing left to do.
+    pub(crate) fn disarm(&mut self) {
+        self.op = None;
+    }
+
+    /// The store failed just now: retry in the background after a pause.
+    pub(crate) fn retry_later(mut self) {
+        self.pause_first = true;
+    }
+}
+
+impl Drop for PendingEnd<'_> {
+    fn drop(&mut self) {
+        if let Some(op) = self.op.take() {
+            self.ending.spawn(op, self.pause_first);
+        }
+    }
+}
+
+/// Spawns `fut` on the current runtime, else on `fallback`. Returns false
+/// if there was neither.
+pub(crate) fn spawn_detached<F>(fallback: Option<&Handle>, fut: F) -> bool
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    if let Ok(rt) = Handle::try_current() {
+        drop(rt.spawn(fut));
+        return true;
+    }
+    match fallback {
+        // (A runtime that has shut down drops the task unrun.)
+        Some(rt) => {
+            drop(rt.spawn(fut));
+            true
+        }
+        None => false,
+    }
+}
+
+pub(crate) fn trace_release(l: &Lease, res: &Result<bool, Error>) {
+    match res {
+        Ok(owned) => tracing::debug!(
+            key = %l.key,
+            fencing_token = l.token.get(),
+            owned,
+            held_ms = l.acquired_at.elapsed().as_millis() as u64,
+            "lock released"
+        ),
+        Err(e) => tracing::warn!(
+            key = %l.key,
+            fencing_token = l.token.get(),
+            error = %e,
+            "lock release failed; retrying in the background"
+        ),
+    }
+}
+
+/// Ends a lock whose hold is over: runs `op`, then (unless that stored the
+/// record) releases with [`release_retrying`] until the lock would have
+/// expired by itself (a full lease past its last validity deadline, which
+/// also covers a renewal still in flight). Then wakes this process's
+/// waiters.
+async fn end_lock(
+    lease: Arc<Lease>,
+    store: Arc<dyn DynStore>,
+    local: Queues,
+    op: EndOp,
+    pause_first: bool,
+) {
+    let l = &*lease;
+    let give_up = far_add(l.valid_until(), l.lease);
+    let mut pause_first = pause_first;
+    if let EndOp::Finish { record, retention } = op {
+        let finish = store.finish_dyn(&l.key, &l.owner, record, retention);
+        match tokio::time::timeout_at(give_up, finish).await {
+            Ok(Ok(true)) => {
+                tracing::debug!(key = %l.key, "lock finished in the background");
+                local.wake(&l.key);
+                return;
+            }
+            Ok(Ok(false)) | Err(_) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(key = %l.key, error = %e, "storing the completed record failed")
+            }
+        }
+        pause_first = false;
+    }
+    let res = release_retrying(&*store, &l.key, &l.owner, give_up, pause_first).await;
+    match res {
+        Some(owned) => trace_release(l, &Ok(owned)),
+        None => tracing::warn!(
+            key = %l.key,
+            fencing_token = l.token.get(),
+            "lock release kept failing; the lease will expire on its own"
+        ),
+    }
+    local.wake(&l.key);
+}
+
+/// Releases `key` (owner-checked), retrying failures with jittered
+/// exponential backoff (50 ms doubling to 1 s) until the store answers or
+/// `give_up` passes. The answer (whether we still owned it), or `None` if it
+/// never came. With `pause_first`, waits one backoff step before the first
+/// try (a try just failed).
+async fn release_retrying(
+    store: &dyn DynStore,
+    key: &LockKey,
+    owner: &OwnerToken,
+    give_up: Instant,
+    pause_first: bool,
+) -> Option<bool> {
+    let mut pause = RETRY_FIRST;
+    let mut first = !pause_first;
+    loop {
+        if !first {
+            // Jitter in [pause/2, pause].
+            let nap = pause / 2 + pause.mul_f64(fastrand::f64() / 2.0);
+            if Instant::now() + nap >= give_up {
+                return None;
+            }
+            tokio::time::sleep(nap).await;
+            pause = (pause * 2).min(RETRY_MAX);
+        }
+        first = false;
+        match tokio::time::timeout_at(give_up, store.release_dyn(key, owner)).await {
+            Ok(Ok(owned)) => return Some(owned),
+            Ok(Err(e)) => tracing::debug!(key = %key, error = %e, "lock release failed; retrying"),
+            Err(_) => return None,
+        }
+    }
+}

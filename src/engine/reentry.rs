@@ -1,0 +1,39 @@
+//! Task-local re-entry: the holds the current task runs under, so that a
+//! [`Locker`](crate::Locker) call for a key the task already holds answers
+//! one more hold instead of waiting for itself.
+
+use std::future::Future;
+use std::sync::{Arc, Weak};
+
+use super::hold::Hold;
+use crate::LockKey;
+
+tokio::task_local! {
+    /// The holds a task runs under (innermost last): see
+    /// [`LockGuard::scope`](crate::LockGuard::scope).
+    static TASK_HOLDS: Arc<[Weak<Hold>]>;
+}
+
+/// A hold of `key`, granted by `store`, that the current task runs under
+/// and that is still held (innermost first).
+pub(crate) fn held_by_task(key: &LockKey, store: usize) -> Option<Arc<Hold>> {
+    TASK_HOLDS
+        .try_with(|held| {
+            held.iter().rev().find_map(|w| {
+                let hold = w.upgrade()?;
+                (hold.key() == key && hold.is_from(store) && hold.is_held()).then_some(hold)
+            })
+        })
+        .ok()
+        .flatten()
+}
+
+/// Runs `fut` with `hold` added to the current task's holds.
+pub(crate) fn scope<F: Future>(hold: Weak<Hold>, fut: F) -> impl Future<Output = F::Output> {
+    // Usually the first hold of the task: one allocation, no copy.
+    let held: Arc<[Weak<Hold>]> = match TASK_HOLDS.try_with(Arc::clone) {
+        Ok(outer) => outer.iter().cloned().chain([hold]).collect(),
+        Err(_) => Arc::new([hold]),
+    };
+    TASK_HOLDS.scope(held, fut)
+}

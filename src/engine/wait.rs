@@ -1,0 +1,284 @@
+//! The wait loop: try, queue behind this process's waiters, subscribe to
+//! release notifications, try again before every wait; and one try at the
+//! store.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::guard::LockGuard;
+use super::lease::Lease;
+use super::locker::{Acquired, Locker};
+use super::pending::{Ending, PendingAttempt};
+use super::reentry;
+use super::watchdog::Cmd;
+use crate::error::ConfigError;
+use crate::store::{AcquireOutcome, LockStore, ReleaseWatch};
+use crate::time::{drift, far_add};
+use crate::{Error, LockKey, OwnerToken};
+
+/// What one try found.
+enum Step {
+    Done(Acquired),
+    Held(Option<Duration>),
+}
+
+impl<S: LockStore> Locker<S> {
+    pub(crate) async fn take(
+        &self,
+        key: &LockKey,
+        wait: Duration,
+        replay: bool,
+    ) -> Result<Acquired, Error> {
+        // The task already runs under this very lock (a nested call in the
+        // same work): one more hold, not a wait for ourselves.
+        if let Some(outer) = reentry::held_by_task(key, self.store_id())
+            && let Ok(again) = LockGuard::from_hold(outer).reenter()
+        {
+            tracing::trace!(key = %key, holds = again.hold_count(), "lock re-entered");
+            return Ok(Acquired::Locked(again));
+        }
+        let o = &self.inner.opts;
+        let owner = OwnerToken::generate();
+        let start = Instant::now();
+        // (A wait of `Duration::MAX` means "for ever", not an overflow.)
+        let deadline = far_add(start, wait);
+        let mut attempts = 0u32;
+        let mut remaining = None;
+
+        // Other tasks of this process already waiting for the key go first:
+        // a new (or just-released) acquirer that means to wait queues behind
+        // them instead of barging in.
+        let queue_first = !wait.is_zero() && self.inner.queues.has_waiters(key);
+        if !queue_first {
+            attempts += 1;
+            match self.attempt(key, &owner, replay, start, attempts).await? {
+                Step::Done(done) => return Ok(done),
+                Step::Held(r) => remaining = r,
+            }
+            if Instant::now() >= deadline {
+                return Err(self.contended(key, wait, start, attempts, remaining));
+            }
+        }
+
+        // Wait for our turn among this process's waiters of the key: only
+        // the task whose turn it is talks to the store, so one release wakes
+        // one local task, not all of them.
+        let queue = self.inner.queues.join(key);
+        let Ok(Ok(_turn)) = tokio::time::timeout_at(deadline, queue.turn.acquire()).await else {
+            return Err(self.contended(key, wait, start, attempts, remaining));
+        };
+        // The subscription stays with the queue from one waiter to the next.
+        let mut watch = queue.take_watch();
+        let mut subscribed = watch.is_some();
+        // Having just tried, go straight to subscribing (and trying again).
+        let mut skip_try = !queue_first && !subscribed;
+        loop {
+            // Every step from here on ends at the deadline, whatever the
+            // store's command timeout: an attempt cut short is released in
+            // the background (see `PendingAttempt`).
+            if std::mem::take(&mut skip_try) {
+                subscribed = true;
+                match tokio::time::timeout_at(deadline, self.subscribe(key)).await {
+                    Ok(w) => watch = Some(w),
+                    Err(_) => return Err(self.contended(key, wait, start, attempts, remaining)),
+                }
+            }
+            // Held by a task of ours: its release will wake us locally, so
+            // there is nothing to ask the store yet.
+            let step = match queue.held_here() {
+                Some(valid_for) => Ok(Step::Held(Some(valid_for))),
+                None => {
+                    attempts += 1;
+                    let attempt = self.attempt(key, &owner, replay, start, attempts);
+                    match tokio::time::timeout_at(deadline, attempt).await {
+                        Ok(step) => step,
+                        Err(_) => {
+                            queue.put_watch(watch);
+                            return Err(self.contended(key, wait, start, attempts, remaining));
+                        }
+                    }
+                }
+            };
+            let step = match step {
+                Ok(step) => step,
+                Err(e) => {
+                    queue.put_watch(watch);
+                    return Err(e);
+                }
+            };
+            match step {
+                Step::Done(done) => {
+                    queue.put_watch(watch);
+                    if let Acquired::Locked(guard) = &done {
+                        // The next waiters need not ask the store until
+                        // this lease ends.
+                        queue.set_holder(guard.lease_state());
+                    }
+                    return Ok(done);
+                }
+                Step::Held(r) => remaining = r,
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                queue.put_watch(watch);
+                return Err(self.contended(key, wait, start, attempts, remaining));
+            }
+            if !subscribed {
+                // Subscribe, then try again at once before waiting.
+                subscribed = true;
+                match tokio::time::timeout_at(deadline, self.subscribe(key)).await {
+                    Ok(w) => watch = Some(w),
+                    Err(_) => return Err(self.contended(key, wait, start, attempts, remaining)),
+                }
+                continue;
+            }
+            let cap = match remaining {
+                Some(r) => o.poll.min(r + Duration::from_millis(1)),
+                None => o.poll,
+            };
+            // Jitter in [cap/2, cap] so waiters do not poll in lockstep.
+            // (Saturating: a poll interval of `Duration::MAX` means "only
+            // on notifications and at the deadline".)
+            let nap = (cap / 2).saturating_add((cap / 2).mul_f64(fastrand::f64()));
+            let wake = far_add(now, nap).min(deadline);
+            let store_release = async {
+                match watch.as_mut() {
+                    Some(w) => w.released().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = queue.released.notified() => {}
+                _ = store_release => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    /// The key's release notifications, or a watch that never fires (then
+    /// waiters poll).
+    async fn subscribe(&self, key: &LockKey) -> ReleaseWatch {
+        match self.inner.store.subscribe(key).await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::debug!(key = %key, error = %e, "no release notifications; polling");
+                ReleaseWatch::never()
+            }
+        }
+    }
+
+    /// One try at the store.
+    async fn attempt(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        replay: bool,
+        start: Instant,
+        attempts: u32,
+    ) -> Result<Step, Error> {
+        let o = &self.inner.opts;
+        let store = &self.inner.store;
+        // Where this lock's renewals and background releases run: the
+        // caller's runtime (found before anything is granted).
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::Config(ConfigError::new(
+                "runtime",
+                "locks must be taken inside a Tokio runtime",
+            ))
+        })?;
+        let watchdog = self.watchdog(&runtime);
+        let attempt_start = Instant::now();
+        // The first lease, like every renewal, ends by the hold cap: a cap
+        // shorter than the lease shortens the grant itself.
+        let first = o.max_hold.map_or(o.lease, |cap| o.lease.min(cap));
+        let pending = PendingAttempt::new(store, key, owner, first, &runtime);
+        // On an error (timeout, connection lost) the grant may still have
+        // happened: `pending` releases it in the background.
+        let outcome = if replay {
+            store.acquire_or_replay(key, owner, first).await?
+        } else {
+            store.acquire(key, owner, first).await?
+        };
+        pending.disarm();
+        match outcome {
+            AcquireOutcome::Granted(token) => {
+                let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+                let lease = Arc::new(Lease::new(
+                    id,
+                    key.clone(),
+                    owner.clone(),
+                    token,
+                    o.lease,
+                    drift(o.lease),
+                    attempt_start,
+                    o.max_hold,
+                ));
+                let watchdog = match watchdog.send(Cmd::Add(lease.clone())) {
+                    Ok(()) => watchdog,
+                    Err(mpsc::error::SendError(cmd)) => {
+                        // Its runtime shut down meanwhile: start another.
+                        let fresh = self.watchdog(&runtime);
+                        let _ = fresh.send(cmd);
+                        fresh
+                    }
+                };
+                tracing::debug!(
+                    key = %key,
+                    fencing_token = token.get(),
+                    waited_us = start.elapsed().as_micros() as u64,
+                    contended = attempts > 1,
+                    attempts,
+                    "lock acquired"
+                );
+                let end = Ending {
+                    lease,
+                    store: store.clone(),
+                    local: self.inner.queues.clone(),
+                    runtime: Some(runtime),
+                };
+                Ok(Step::Done(Acquired::Locked(LockGuard::new(end, watchdog))))
+            }
+            AcquireOutcome::Held { remaining } => Ok(Step::Held(remaining)),
+            AcquireOutcome::Completed(raw) => Ok(Step::Done(Acquired::Completed(raw))),
+        }
+    }
+
+    /// The error for a lock that stayed held.
+    fn contended(
+        &self,
+        key: &LockKey,
+        wait: Duration,
+        start: Instant,
+        attempts: u32,
+        remaining: Option<Duration>,
+    ) -> Error {
+        let waited = start.elapsed();
+        let retry_after = remaining.unwrap_or(self.inner.opts.lease);
+        tracing::debug!(
+            key = %key,
+            waited_us = waited.as_micros() as u64,
+            attempts,
+            retry_after_ms = retry_after.as_millis() as u64,
+            "lock contended"
+        );
+        if wait.is_zero() {
+            Error::Contended {
+                key: key.clone(),
+                retry_after,
+            }
+        } else {
+            Error::WaitTimeout {
+                key: key.clone(),
+                waited,
+                retry_after,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
