@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![deny(unreachable_pub)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
@@ -8,6 +9,8 @@ mod error;
 mod fence;
 mod guard;
 mod key;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod layer;
 mod locker;
 mod record;
@@ -19,6 +22,7 @@ pub use error::{BoxError, ConfigError, Error, Operation};
 pub use fence::{FenceOutcome, FencedResource};
 pub use guard::LockGuard;
 pub use key::{LockKey, MAX_NAMESPACE, MAX_VERBATIM_ID};
+#[cfg(feature = "axum")]
 pub use layer::{
     Fingerprint, Idempotency, KeyFrom, Lock, LockLayer, LockLayerBuilder, MissingLockGuard,
     OnLockLost, OnMissingKey, OnStoreError,

@@ -122,7 +122,7 @@ async fn a_slot_migration_under_load_loses_no_lock() {
     }
     cluster.reshard(0, 1, 200);
     for id in &ids {
-        let slot = cluster.slot_of(&redis_name("cl", &id, "lock"));
+        let slot = cluster.slot_of(&redis_name("cl", id, "lock"));
         assert_eq!(cluster.node_for_slot(slot), 1, "{id} did not move");
     }
     // Hold across at least two renewals of every lock on its new node.
@@ -183,7 +183,7 @@ fn key_on(
     (0..1_000_000)
         .map(|n| format!("{prefix}{n}"))
         .find(|id| {
-            let slot = cluster.slot_of(&redis_name("cl", &id, "lock"));
+            let slot = cluster.slot_of(&redis_name("cl", id, "lock"));
             slots.as_ref().is_none_or(|r| r.contains(&slot)) && cluster.node_for_slot(slot) == node
         })
         .map(|id| LockKey::new("cl", id).unwrap())
