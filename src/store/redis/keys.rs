@@ -49,7 +49,8 @@ impl std::fmt::Display for Name<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (prefix, ns, b) = (self.prefix, self.key.namespace(), bucket(self.key));
         if self.suffix == FENCE {
-            write!(f, "{prefix}:{{{ns}:{b:03x}}}:{}:{FENCE}", self.key.id())
+            // The bucket's counter: no id in it.
+            write!(f, "{prefix}:{{{ns}:{b:03x}}}:{FENCE}")
         } else {
             write!(
                 f,
@@ -98,5 +99,37 @@ impl RedisStore {
             key,
             suffix,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(id: &str, suffix: &'static str) -> String {
+        let key = LockKey::new("orders", id).unwrap();
+        Name {
+            prefix: "trl",
+            key: &key,
+            suffix,
+        }
+        .to_string()
+    }
+
+    #[test]
+    fn names_follow_the_documented_layout() {
+        assert_eq!(name("42", LOCK), "trl:{orders:170}:42:lock");
+        assert_eq!(name("42", RELEASED), "trl:{orders:170}:42:released");
+        assert_eq!(name("ord_1", RECORD), "trl:{orders:2b1}:ord_1:record");
+        // The fencing counter is the bucket's, shared by its ids.
+        assert_eq!(name("42", FENCE), "trl:{orders:170}:fence");
+        assert_eq!(name("ord_1", FENCE), "trl:{orders:2b1}:fence");
+    }
+
+    #[test]
+    fn buckets_are_stable_and_bounded() {
+        let b = |id: &str| bucket(&LockKey::new("orders", id).unwrap());
+        assert_eq!((b("42"), b("ord_1")), (0x170, 0x2b1));
+        assert!((0..5_000).all(|i| b(&i.to_string()) < FENCE_BUCKETS));
     }
 }
