@@ -23,6 +23,7 @@ pub use fence::{FenceOutcome, FencedResource};
 pub use guard::LockGuard;
 pub use key::{LockKey, MAX_NAMESPACE, MAX_VERBATIM_ID};
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use layer::{
     Fingerprint, Idempotency, KeyFrom, Lock, LockLayer, LockLayerBuilder, MissingLockGuard,
     OnLockLost, OnMissingKey, OnStoreError,

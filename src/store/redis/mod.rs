@@ -22,7 +22,6 @@ use super::{AcquireOutcome, LockStore, ReleaseWatch, Renewal};
 use crate::{Error, LockKey, Operation, OwnerToken};
 
 #[cfg(feature = "cluster")]
-#[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
 mod cluster;
 mod connection;
 mod eviction;
@@ -31,7 +30,6 @@ mod notifier;
 mod replicas;
 mod scripts;
 #[cfg(feature = "sentinel")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 mod sentinel;
 mod settings;
 
