@@ -8,6 +8,7 @@
 //! | `raw_set_nx_px_del`          | `SET k v NX PX 30000`, then `DEL k` (baseline)       |
 //! | `locker_try_acquire_release` | `Locker::try_acquire`, then `LockGuard::release`     |
 //! | `memory_try_acquire_release` | the same on `MemoryStore` (engine cost, no network)  |
+//! | `boxed_memory_try_acquire_release` | the same on `BoxStore::new(MemoryStore)` (the cost of type erasure) |
 //!
 //! Both Redis cases talk to one `redis-server` started by the test support
 //! on a free port, over a `MultiplexedConnection` (the store keeps one too),
@@ -19,8 +20,9 @@
 //!
 //! After criterion, a separate loop times 20,000 cycles per case one by one
 //! (interleaved in rounds) and prints p50/p99 per cycle and the locker/raw
-//! ratio, which criterion (means only) does not give, and the server-side
-//! time per command from `INFO commandstats` over that loop.
+//! ratio, which criterion (means only) does not give, the boxed/unboxed
+//! memory difference, and the server-side time per command from
+//! `INFO commandstats` over that loop.
 //!
 //! Run with `cargo bench --bench engine`.
 
@@ -37,12 +39,13 @@ use criterion::{Criterion, Throughput};
 use support::RedisServer;
 use tokio::runtime::Runtime;
 use tower_redis_lock::redis::{self, aio::MultiplexedConnection};
-use tower_redis_lock::{LockKey, Locker, MemoryStore, RedisStore};
+use tower_redis_lock::{BoxStore, LockKey, Locker, MemoryStore, RedisStore};
 
 const GROUP: &str = "s1_uncontended_cycle";
 const RAW: &str = "raw_set_nx_px_del";
 const LOCKER: &str = "locker_try_acquire_release";
 const MEMORY: &str = "memory_try_acquire_release";
+const BOXED: &str = "boxed_memory_try_acquire_release";
 
 /// Cycles per case in the percentile loop.
 const SAMPLES: usize = 20_000;
@@ -58,11 +61,12 @@ fn next_id() -> u64 {
     NEXT_KEY.fetch_add(1, Ordering::Relaxed)
 }
 
-/// The three cases, each ready to run one cycle.
+/// The cases, each ready to run one cycle.
 struct Cases {
     conn: MultiplexedConnection,
     redis: Locker<RedisStore>,
     memory: Locker<MemoryStore>,
+    boxed: Locker<BoxStore>,
 }
 
 #[derive(Clone, Copy)]
@@ -70,16 +74,18 @@ enum Case {
     Raw,
     Locker,
     Memory,
+    Boxed,
 }
 
 impl Case {
-    const ALL: [Case; 3] = [Case::Raw, Case::Locker, Case::Memory];
+    const ALL: [Case; 4] = [Case::Raw, Case::Locker, Case::Memory, Case::Boxed];
 
     fn name(self) -> &'static str {
         match self {
             Case::Raw => RAW,
             Case::Locker => LOCKER,
             Case::Memory => MEMORY,
+            Case::Boxed => BOXED,
         }
     }
 }
@@ -98,6 +104,7 @@ impl Cases {
             conn,
             redis: Locker::new(store),
             memory: Locker::new(MemoryStore::new()),
+            boxed: Locker::new(BoxStore::new(MemoryStore::new())),
         };
         for case in Case::ALL {
             cases.cycle(case).await;
@@ -110,6 +117,7 @@ impl Cases {
             Case::Raw => raw_cycle(self.conn.clone()).await,
             Case::Locker => locker_cycle(&self.redis).await,
             Case::Memory => locker_cycle(&self.memory).await,
+            Case::Boxed => locker_cycle(&self.boxed).await,
         }
         tokio::task::yield_now().await;
     }
@@ -224,12 +232,12 @@ fn print_summary(timings: &[Timings]) {
     println!();
     println!("{GROUP}: {SAMPLES} cycles per case, timed one by one (µs per cycle)");
     println!(
-        "{:<28} {:>9} {:>9} {:>9} {:>9}",
+        "{:<34} {:>9} {:>9} {:>9} {:>9}",
         "case", "mean", "p50", "p99", "max"
     );
     for t in timings {
         println!(
-            "{:<28} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
+            "{:<34} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
             t.case.name(),
             t.mean(),
             t.percentile(50.0),
@@ -241,6 +249,18 @@ fn print_summary(timings: &[Timings]) {
         "ratio locker/raw p50: {:.2}   memory/raw p50: {:.3}",
         p50(LOCKER) / p50(RAW),
         p50(MEMORY) / p50(RAW)
+    );
+    let mean = |case: &str| {
+        timings
+            .iter()
+            .find(|t| t.case.name() == case)
+            .map(Timings::mean)
+            .unwrap_or(f64::NAN)
+    };
+    println!(
+        "boxed - unboxed memory: p50 {:+.3} µs, mean {:+.3} µs per cycle",
+        p50(BOXED) - p50(MEMORY),
+        mean(BOXED) - mean(MEMORY)
     );
 }
 

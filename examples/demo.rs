@@ -47,10 +47,9 @@
 mod common;
 
 pub use common::Timeouts;
-use common::{Failure, redact};
+use common::{Env, Failure};
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -59,7 +58,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use tower_redis_lock::{KeyFrom, LockGuard, LockLayer, LockStore, Locker, MemoryStore, RedisStore};
+use tower_redis_lock::{KeyFrom, LockGuard, LockLayer, LockStore, Locker};
 
 /// Default `work_ms` of a job.
 pub const DEFAULT_WORK: Duration = Duration::from_millis(100);
@@ -142,27 +141,12 @@ impl Settings {
     /// Reads the settings through `var` (the process environment in
     /// `main`). An unset or empty variable takes its default.
     pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Settings, String> {
-        let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
-        let number = |name: &str, default: u64| -> Result<u64, String> {
-            match get(name) {
-                None => Ok(default),
-                Some(v) => v.trim().parse::<u64>().map_err(|_| {
-                    format!("{name}={v:?} is not valid: expected a whole number of milliseconds")
-                }),
-            }
-        };
-        let port = match get("PORT") {
-            None => 3000,
-            Some(v) => v
-                .trim()
-                .parse::<u16>()
-                .map_err(|_| format!("PORT={v:?} is not valid: expected a port, 0 to 65535"))?,
-        };
+        let env = Env(&var);
         Ok(Settings {
-            port,
-            redis_url: get("REDIS_URL"),
-            lease: Duration::from_millis(number("LOCK_LEASE_MS", 30_000)?),
-            wait: Duration::from_millis(number("LOCK_WAIT_MS", 0)?),
+            port: env.port()?,
+            redis_url: env.get("REDIS_URL"),
+            lease: env.millis("LOCK_LEASE_MS", Duration::from_secs(30))?,
+            wait: env.millis("LOCK_WAIT_MS", Duration::ZERO)?,
             timeouts: Timeouts::from_lookup(&var, DEFAULT_TIMEOUTS)?,
         })
     }
@@ -182,30 +166,32 @@ impl Settings {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    common::exit_code("demo", run().await)
+    common::main("demo", run).await
 }
 
 async fn run() -> Result<(), Failure> {
-    common::init_tracing()?;
-
     let settings =
         Settings::from_lookup(|name| std::env::var(name).ok()).map_err(Failure::Usage)?;
-    match &settings.redis_url {
-        Some(url) => {
-            let store = RedisStore::from_url(url)
-                .map_err(|e| Failure::Usage(format!("REDIS_URL is not valid: {e}")))?;
-            let locker = settings.locker(store).map_err(Failure::Usage)?;
-            println!("store: Redis at {}", redact(url));
-            listen(&settings, locker).await
-        }
-        None => {
-            let locker = settings
-                .locker(MemoryStore::new())
-                .map_err(Failure::Usage)?;
-            println!("store: in-memory (set REDIS_URL to use Redis)");
-            listen(&settings, locker).await
-        }
-    }
+    let (store, described) = common::store(settings.redis_url.as_deref())?;
+    let locker = settings.locker(store).map_err(Failure::Usage)?;
+    println!("store: {described}");
+    let banner = |local| {
+        println!(
+            "lease {} ms, wait {} ms; {}",
+            locker.lease().as_millis(),
+            locker.wait_timeout().as_millis(),
+            settings.timeouts,
+        );
+        println!("listening on http://{local}");
+        println!("try: curl -i -X POST 'http://{local}/jobs/42?work_ms=5000'");
+    };
+    common::listen(
+        settings.port,
+        app(locker.clone()),
+        settings.timeouts,
+        banner,
+    )
+    .await
 }
 
 /// Serves the demo's [`app`] on `listener` within `timeouts` until
@@ -217,29 +203,4 @@ pub async fn serve<St: LockStore>(
     shutdown: impl Future<Output = ()>,
 ) {
     common::serve(listener, app(locker), timeouts, shutdown).await;
-}
-
-async fn listen<St: LockStore>(settings: &Settings, locker: Locker<St>) -> Result<(), Failure> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, settings.port));
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| Failure::Runtime(format!("cannot listen on {addr}: {e}")))?;
-    let local = listener.local_addr().unwrap_or(addr);
-    let t = settings.timeouts;
-    println!(
-        "lease {} ms, wait {} ms; timeouts: header {} ms, body {} ms, request {} ms",
-        locker.lease().as_millis(),
-        locker.wait_timeout().as_millis(),
-        t.header.as_millis(),
-        t.body.as_millis(),
-        t.request.as_millis(),
-    );
-    println!("listening on http://{local}");
-    println!("try: curl -i -X POST 'http://{local}/jobs/42?work_ms=5000'");
-    serve(listener, locker, t, async {
-        let _ = tokio::signal::ctrl_c().await;
-        tracing::info!("shutting down");
-    })
-    .await;
-    Ok(())
 }

@@ -32,6 +32,7 @@ pub use locker::{
     Acquired, DEFAULT_LEASE, DEFAULT_POLL, DEFAULT_RENEW_BATCH, DEFAULT_WAIT, Locker, LockerBuilder,
 };
 pub use record::Record;
+pub use store::BoxStore;
 pub use store::{
     AcquireOutcome, LockStore, ReleaseWatch, Renewal,
     memory::MemoryStore,

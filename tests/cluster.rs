@@ -59,13 +59,14 @@ async fn thousands_of_keys_across_every_node_without_crossslot() {
     for t in tasks {
         assert!(t.await.unwrap() > 0);
     }
-    // Every node took part, and nothing is left but fencing counters.
+    // Every node took part, and nothing is left but fencing counters: one
+    // per bucket of the namespace used, never one per id.
     for (i, node) in cluster.nodes.iter().enumerate() {
         assert!(node.command_calls("evalsha") > 0, "node {i} saw no lock");
     }
     let keys = cluster.keys_total();
-    assert!(keys.iter().all(|k| k.ends_with(":fence")), "{keys:?}");
-    assert_eq!(keys.len(), 2000);
+    assert!(keys.iter().all(|k| k.ends_with("}:fence")), "{keys:?}");
+    assert!(keys.len() <= 1_024, "{} counters for 2,000 ids", keys.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -493,3 +493,5 @@ conformance!(redis, stores::redis());
 conformance!(redlock, stores::redlock(3));
 conformance!(cluster, stores::cluster());
 conformance!(sentinel, stores::sentinel());
+conformance!(boxed_memory, stores::boxed(stores::memory()));
+conformance!(boxed_redis, stores::boxed(stores::redis()));

@@ -545,7 +545,9 @@ async fn a_response_body_that_fails_stores_nothing<St: LockStore + Clone>(b: Bac
 /// (`…:fence`) holds the last token minted, while the lock (`…:lock`) exists.
 fn lock_token(server: &RedisServer, key: &str) -> Option<u64> {
     server.cmd(&["GET", key]).as_string()?;
-    let counter = format!("{}:fence", key.strip_suffix(":lock").unwrap());
+    // `<prefix>:{<ns>:<bucket>}:<id>:lock` → the bucket's `…}:fence`.
+    let tag_end = key.find('}').unwrap();
+    let counter = format!("{}:fence", &key[..=tag_end]);
     server
         .cmd(&["GET", &counter])
         .as_string()

@@ -74,6 +74,7 @@ on_every_store!(
     redlock: stores::redlock(5),
     cluster: stores::cluster(),
     sentinel: stores::sentinel(),
+    boxed_memory: stores::boxed(stores::memory()),
 );
 
 /// `(name, scenario(store.clone()))` for each listed scenario.

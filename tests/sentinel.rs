@@ -64,7 +64,7 @@ async fn new_grants_follow_a_failover_and_tokens_never_go_backwards() {
     assert!(
         new_primary
             .keys()
-            .contains(&redis_name("sentinel", "follow", "lock").to_owned()),
+            .contains(&redis_name("sentinel", "follow", "lock")),
         "{:?}",
         new_primary.keys()
     );
@@ -119,8 +119,8 @@ async fn a_holder_whose_grant_missed_the_new_primary_is_told_it_lost() {
     // replica's socket buffer, in which case the promoted replica has the
     // grant and the holder rightly keeps it. Otherwise the holder must be
     // told it lost.
-    let lock_key = &redis_name("sentinel", "missed", "lock").to_owned();
-    if set.replica.keys().contains(lock_key) {
+    let lock_key = redis_name("sentinel", "missed", "lock");
+    if set.replica.keys().contains(&lock_key) {
         let counter = set
             .replica
             .cmd(&["GET", &redis_name("sentinel", "missed", "fence")])

@@ -1,8 +1,11 @@
-//! Plumbing shared by the example servers: exit codes, logging, hiding
-//! passwords in the banner, and the HTTP server with its time limits.
+//! Plumbing shared by the example servers: `main` (logging, exit codes),
+//! reading the environment, picking the store, hiding passwords in the
+//! banner, and the HTTP server with its time limits.
 
+use std::fmt;
 use std::future::Future;
 use std::io::IsTerminal;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -14,6 +17,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tower_http::timeout::{RequestBodyDeadlineLayer, TimeoutLayer};
 use tower_layer::Layer;
+use tower_redis_lock::{BoxStore, MemoryStore, RedisStore};
 
 /// What went wrong on start, and the exit code it maps to.
 pub enum Failure {
@@ -23,8 +27,21 @@ pub enum Failure {
     Runtime(String),
 }
 
+/// An example's `main`: starts logging, runs `run`, and turns its failure
+/// into a message and an exit code.
+pub async fn main<F>(program: &str, run: impl FnOnce() -> F) -> ExitCode
+where
+    F: Future<Output = Result<(), Failure>>,
+{
+    let result = match init_tracing() {
+        Ok(()) => run().await,
+        Err(failure) => Err(failure),
+    };
+    exit_code(program, result)
+}
+
 /// Prints a failure as `<program>: <message>` and picks the exit code.
-pub fn exit_code(program: &str, result: Result<(), Failure>) -> ExitCode {
+fn exit_code(program: &str, result: Result<(), Failure>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Usage(msg)) => {
@@ -39,7 +56,7 @@ pub fn exit_code(program: &str, result: Result<(), Failure>) -> ExitCode {
 }
 
 /// Logs to stderr with the `RUST_LOG` filter (default `info`).
-pub fn init_tracing() -> Result<(), Failure> {
+fn init_tracing() -> Result<(), Failure> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(v) if !v.trim().is_empty() => tracing_subscriber::EnvFilter::try_new(&v)
             .map_err(|e| Failure::Usage(format!("RUST_LOG={v:?} is not valid: {e}")))?,
@@ -54,10 +71,78 @@ pub fn init_tracing() -> Result<(), Failure> {
 }
 
 /// `redis://user:secret@host/` → `redis://***@host/`, for the start banner.
-pub fn redact(url: &str) -> String {
+fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),
         _ => url.to_owned(),
+    }
+}
+
+/// The environment as an example reads it, through a lookup (the process
+/// environment in `main`, a table in tests): an unset or blank variable
+/// takes its default.
+pub struct Env<F>(pub F);
+
+impl<F: Fn(&str) -> Option<String>> Env<F> {
+    /// The value of `name`, unless unset or blank.
+    pub fn get(&self, name: &str) -> Option<String> {
+        (self.0)(name).filter(|v| !v.trim().is_empty())
+    }
+
+    /// `PORT`: a port on 127.0.0.1, 3000 by default (0 picks a free one).
+    pub fn port(&self) -> Result<u16, String> {
+        match self.get("PORT") {
+            None => Ok(3000),
+            Some(v) => v
+                .trim()
+                .parse::<u16>()
+                .map_err(|_| format!("PORT={v:?} is not valid: expected a port, 0 to 65535")),
+        }
+    }
+
+    /// A whole number of milliseconds in `name`, zero included.
+    pub fn millis(&self, name: &str, default: Duration) -> Result<Duration, String> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => v
+                .trim()
+                .parse::<u64>()
+                .map(Duration::from_millis)
+                .map_err(|_| {
+                    format!("{name}={v:?} is not valid: expected a whole number of milliseconds")
+                }),
+        }
+    }
+
+    /// Like [`Env::millis`], but zero is refused.
+    fn positive_millis(&self, name: &str, default: Duration) -> Result<Duration, String> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(n) if n > 0 => Ok(Duration::from_millis(n)),
+                _ => Err(format!(
+                    "{name}={v:?} is not valid: expected a whole number of milliseconds, \
+                     at least 1"
+                )),
+            },
+        }
+    }
+}
+
+/// The store `REDIS_URL` asks for: Redis at that URL, else in memory;
+/// boxed, so that the example's state has one type either way. With the
+/// start banner's description of it.
+pub fn store(redis_url: Option<&str>) -> Result<(BoxStore, String), Failure> {
+    match redis_url {
+        Some(url) => {
+            let store = RedisStore::from_url(url)
+                .map_err(|e| Failure::Usage(format!("REDIS_URL is not valid: {e}")))?;
+            Ok((BoxStore::new(store), format!("Redis at {}", redact(url))))
+        }
+        None => Ok((
+            BoxStore::new(MemoryStore::new()),
+            "in-memory (set REDIS_URL to use Redis)".to_owned(),
+        )),
     }
 }
 
@@ -85,24 +170,48 @@ impl Timeouts {
         var: impl Fn(&str) -> Option<String>,
         defaults: Timeouts,
     ) -> Result<Timeouts, String> {
-        let ms = |name: &str, default: Duration| -> Result<Duration, String> {
-            match var(name).filter(|v| !v.trim().is_empty()) {
-                None => Ok(default),
-                Some(v) => match v.trim().parse::<u64>() {
-                    Ok(n) if n > 0 => Ok(Duration::from_millis(n)),
-                    _ => Err(format!(
-                        "{name}={v:?} is not valid: expected a whole number of milliseconds, \
-                         at least 1"
-                    )),
-                },
-            }
-        };
+        let env = Env(var);
         Ok(Timeouts {
-            header: ms("HEADER_TIMEOUT_MS", defaults.header)?,
-            body: ms("BODY_TIMEOUT_MS", defaults.body)?,
-            request: ms("REQUEST_TIMEOUT_MS", defaults.request)?,
+            header: env.positive_millis("HEADER_TIMEOUT_MS", defaults.header)?,
+            body: env.positive_millis("BODY_TIMEOUT_MS", defaults.body)?,
+            request: env.positive_millis("REQUEST_TIMEOUT_MS", defaults.request)?,
         })
     }
+}
+
+/// `timeouts: header 10000 ms, body 10000 ms, request 30000 ms`, for the
+/// start banner.
+impl fmt::Display for Timeouts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "timeouts: header {} ms, body {} ms, request {} ms",
+            self.header.as_millis(),
+            self.body.as_millis(),
+            self.request.as_millis()
+        )
+    }
+}
+
+/// Listens on 127.0.0.1:`port`, prints `banner(local address)`, and
+/// [serves](serve) `router` within `timeouts` until Ctrl-C.
+pub async fn listen(
+    port: u16,
+    router: Router,
+    timeouts: Timeouts,
+    banner: impl FnOnce(SocketAddr),
+) -> Result<(), Failure> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| Failure::Runtime(format!("cannot listen on {addr}: {e}")))?;
+    banner(listener.local_addr().unwrap_or(addr));
+    serve(listener, router, timeouts, async {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutting down");
+    })
+    .await;
+    Ok(())
 }
 
 /// Serves `router` on `listener` over HTTP/1.1 until `shutdown` completes,

@@ -26,9 +26,12 @@ use tokio::sync::watch;
 
 use crate::{Error, FencingToken, LockKey, OwnerToken};
 
+mod boxed;
 pub mod memory;
 pub mod redis;
 pub mod redlock;
+
+pub use boxed::BoxStore;
 
 /// What an acquire attempt found.
 #[derive(Debug, Clone, PartialEq, Eq)]

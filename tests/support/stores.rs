@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use tower_redis_lock::{MemoryStore, RedisStore, RedlockStore};
+use tower_redis_lock::{BoxStore, LockStore, MemoryStore, RedisStore, RedlockStore};
 
 use super::RedisServer;
 use super::topology::{Cluster, SentinelSet, start_independent};
@@ -57,6 +57,12 @@ pub fn sentinel() -> (RedisStore, SentinelSet) {
     let urls = set.sentinel_urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     (RedisStore::sentinel(&urls, &set.master_name).unwrap(), set)
+}
+
+/// `fixture`'s store behind a [`BoxStore`], with what it keeps alive.
+pub fn boxed<S: LockStore, K>(fixture: (S, K)) -> (BoxStore, K) {
+    let (store, keep) = fixture;
+    (BoxStore::new(store), keep)
 }
 
 /// The Redis name a [`RedisStore`] with the default prefix gives lock

@@ -13,10 +13,10 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{
-    Launch, RedisServer, Reply, Tool, free_port, info_field, kill_and_reap, kill_with_parent,
-    spawn_from_keeper, text_tail, wait_until_every,
-};
+use super::info::info_field;
+use super::process::{Tool, kill_and_reap, kill_with_parent, spawn_from_keeper};
+use super::server::{Launch, text_tail};
+use super::{RedisServer, Reply, free_port, wait_until_every};
 
 /// How long a topology may take to settle (start, failover, reshard).
 const TOPOLOGY_TIMEOUT: Duration = Duration::from_secs(20);
