@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![deny(unreachable_pub)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
@@ -8,6 +9,8 @@ mod engine;
 mod error;
 mod fence;
 mod key;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod layer;
 pub mod store;
 mod time;
@@ -20,7 +23,11 @@ pub use engine::{
 pub use error::{BoxError, ConfigError, Error, Operation};
 pub use fence::{FenceOutcome, FencedResource};
 pub use key::{LockKey, MAX_NAMESPACE, MAX_VERBATIM_ID};
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use layer::idempotency::Record;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use layer::{
     Fingerprint, Idempotency, KeyFrom, Lock, LockLayer, LockLayerBuilder, MissingLockGuard,
     OnLockLost, OnMissingKey, OnStoreError,

@@ -318,7 +318,9 @@ impl LockGuard {
     }
 
     /// Gives this hold back now, whatever other clones of it exist; the
-    /// release, if it was the last hold, runs in the background.
+    /// release, if it was the last hold, runs in the background. (Only the
+    /// HTTP layer calls it.)
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
     pub(crate) fn release_in_background(&self) {
         self.shared.release_in_background();
     }

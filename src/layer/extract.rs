@@ -15,6 +15,7 @@ use crate::LockGuard;
 ///
 /// Use `Option<LockGuard>` on routes where the layer may pass a request
 /// through unlocked (missing key with pass-through, or fail-open).
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl<S: Send + Sync> FromRequestParts<S> for LockGuard {
     type Rejection = MissingLockGuard;
 
@@ -27,6 +28,7 @@ impl<S: Send + Sync> FromRequestParts<S> for LockGuard {
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl<S: Send + Sync> OptionalFromRequestParts<S> for LockGuard {
     type Rejection = Infallible;
 

@@ -93,6 +93,7 @@ impl Problem {
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl Error {
     /// The HTTP status this error answers with: 409 on contention (the layer
     /// can use 423), 503 when the store failed or the lock was lost, 400 for
@@ -111,6 +112,7 @@ impl Error {
 
 /// An `application/problem+json` answer with the status of
 /// [`Error::status`] and `Retry-After` where it helps.
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let p = Problem::from_error(&self, StatusCode::CONFLICT);

@@ -1,0 +1,259 @@
+//! Where the store's command connections come from (a pool, the primary a
+//! set of Sentinels names, a Cluster), the one shared connection kept per
+//! store, and the bound on every call.
+
+#[cfg(feature = "sentinel")]
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use redis::RedisError;
+use redis::aio::MultiplexedConnection;
+
+use super::RedisStore;
+use super::scripts::PRELOADED;
+use crate::error::BoxError;
+#[cfg(feature = "cluster")]
+use crate::error::ConfigError;
+use crate::{Error, LockKey, Operation};
+
+/// Where command connections come from.
+#[derive(Clone)]
+pub(super) enum Source {
+    Pool(deadpool_redis::Pool),
+    #[cfg(feature = "sentinel")]
+    Sentinel(Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
+    #[cfg(feature = "cluster")]
+    Cluster(Box<redis::cluster::ClusterClient>),
+}
+
+impl Source {
+    /// The topology, for `Debug`.
+    pub(super) fn topology(&self) -> &'static str {
+        match self {
+            Source::Pool(_) => "primary",
+            #[cfg(feature = "sentinel")]
+            Source::Sentinel(_) => "sentinel",
+            #[cfg(feature = "cluster")]
+            Source::Cluster(_) => "cluster",
+        }
+    }
+
+    /// Whether this is a Redis Cluster.
+    pub(super) fn is_cluster(&self) -> bool {
+        #[cfg(feature = "cluster")]
+        if let Source::Cluster(_) = self {
+            return true;
+        }
+        false
+    }
+}
+
+/// A command connection: one multiplexed connection to a primary, or a
+/// cluster connection that routes by slot and follows MOVED/ASK.
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(MultiplexedConnection),
+    #[cfg(feature = "cluster")]
+    Cluster(Box<redis::cluster_async::ClusterConnection>),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl RedisStore {
+    /// The shared command connection, opened (scripts loaded, eviction
+    /// policy checked) if there is none.
+    pub(super) async fn connection(
+        &self,
+        op: Operation,
+        key: Option<&LockKey>,
+    ) -> Result<Conn, Error> {
+        if let Some(c) = lock(&self.inner.conn).as_ref() {
+            return Ok(c.clone());
+        }
+        let _one_at_a_time = self.inner.connecting.lock().await;
+        if let Some(c) = lock(&self.inner.conn).as_ref() {
+            return Ok(c.clone());
+        }
+        let conn = match &self.inner.source {
+            #[cfg(feature = "cluster")]
+            Source::Cluster(client) => Conn::Cluster(Box::new(
+                client
+                    .get_async_connection()
+                    .await
+                    .map_err(|e| Error::from_redis(op, key, e))?,
+            )),
+            // Boxed: opening a connection is rare, and its future (pool or
+            // Sentinel, several layers of the redis client deep) would
+            // otherwise be nested into every call's future type.
+            _ => Conn::Single(Box::pin(self.open_single(op, key)).await?),
+        };
+        let mut conn = conn;
+        #[cfg_attr(not(feature = "cluster"), allow(irrefutable_let_patterns))]
+        if let Conn::Single(_) = conn {
+            // Load the scripts once per connection, in one round trip, so
+            // that first uses do not pay for a NOSCRIPT answer. (EVALSHA
+            // still falls back to loading if the script cache is flushed; on
+            // a cluster that fallback loads them where they are needed.)
+            let mut load = redis::pipe();
+            for src in PRELOADED {
+                load.cmd("SCRIPT").arg("LOAD").arg(src).ignore();
+            }
+            load.query_async::<()>(&mut conn)
+                .await
+                .map_err(|e| Error::from_redis(op, key, e))?;
+        }
+        self.check_eviction(&mut conn, op, key).await?;
+        *lock(&self.inner.conn) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// A new connection to the primary (pool or Sentinel source).
+    pub(super) async fn open_single(
+        &self,
+        op: Operation,
+        key: Option<&LockKey>,
+    ) -> Result<MultiplexedConnection, Error> {
+        match &self.inner.source {
+            Source::Pool(pool) => {
+                let obj = pool.get().await.map_err(|e| pool_error(op, key, e))?;
+                Ok(deadpool_redis::Connection::take(obj))
+            }
+            #[cfg(feature = "sentinel")]
+            Source::Sentinel(sentinel) => {
+                let redis_err = |e| Error::from_redis(op, key, e);
+                let client = sentinel
+                    .lock()
+                    .await
+                    .async_get_client()
+                    .await
+                    .map_err(redis_err)?;
+                client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(redis_err)
+            }
+            #[cfg(feature = "cluster")]
+            Source::Cluster(_) => Err(Error::Config(ConfigError::new(
+                "source",
+                "a cluster store has no single primary",
+            ))),
+        }
+    }
+
+    pub(super) fn forget_connection_on(&self, err: &RedisError) {
+        let readonly = err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
+        if err.is_io_error()
+            || err.is_connection_dropped()
+            || err.is_unrecoverable_error()
+            || readonly
+        {
+            self.forget_connections();
+        }
+    }
+
+    /// Drops the shared connection and the idle `WAIT` connections: the next
+    /// call opens new ones (and, behind Sentinel, asks for the primary).
+    pub(super) fn forget_connections(&self) {
+        *lock(&self.inner.conn) = None;
+        lock(&self.inner.wait_conns).clear();
+    }
+
+    /// Runs `f` on the shared connection within the command timeout.
+    pub(super) async fn with_conn<T, F, Fut>(
+        &self,
+        op: Operation,
+        key: Option<&LockKey>,
+        f: F,
+    ) -> Result<T, Error>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        let work = async {
+            let conn = self.connection(op, key).await?;
+            f(conn).await.map_err(|e| {
+                self.forget_connection_on(&e);
+                Error::from_redis(op, key, e)
+            })
+        };
+        self.bounded(op, key, self.inner.timeout, work).await
+    }
+
+    /// Runs `work` within `bound`; a timeout is an [`Error::Unavailable`].
+    pub(super) async fn bounded<T>(
+        &self,
+        op: Operation,
+        key: Option<&LockKey>,
+        bound: Duration,
+        work: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        match tokio::time::timeout(bound, work).await {
+            Ok(r) => r,
+            Err(_) => {
+                // Behind Sentinel a silent primary may have been replaced:
+                // ask again on the next call.
+                #[cfg(feature = "sentinel")]
+                if let Source::Sentinel(_) = self.inner.source {
+                    self.forget_connections();
+                }
+                Err(timeout_error(op, key, bound))
+            }
+        }
+    }
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(super) fn timeout_error(op: Operation, key: Option<&LockKey>, after: Duration) -> Error {
+    Error::Unavailable {
+        op,
+        key: key.cloned(),
+        source: format!("no answer from Redis within {} ms", after.as_millis()).into(),
+    }
+}
+
+fn pool_error(op: Operation, key: Option<&LockKey>, e: deadpool_redis::PoolError) -> Error {
+    match e {
+        deadpool_redis::PoolError::Backend(e) => Error::from_redis(op, key, e),
+        other => Error::Unavailable {
+            op,
+            key: key.cloned(),
+            source: Box::new(other) as BoxError,
+        },
+    }
+}

@@ -1,0 +1,185 @@
+//! The `maxmemory-policy` check on each new command connection: a server
+//! that can evict keys with an expiry can delete a held lock.
+
+use super::RedisStore;
+use super::connection::{Conn, lock};
+use crate::{Error, LockKey, Operation};
+
+/// What a store does on connecting to a server whose `maxmemory-policy` can
+/// evict keys that have an expiry (`volatile-*`, `allkeys-*`): under memory
+/// pressure such a server deletes a held lock, and a second holder gets in
+/// while the first still runs. Run locks on `noeviction`, where a full server
+/// refuses writes (the store answers [`Error::Unavailable`]) instead of
+/// forgetting locks.
+///
+/// The policy is read with `CONFIG GET` each time the store opens a command
+/// connection (on a Cluster, from every primary); a server that refuses
+/// `CONFIG` (some managed services do) is reported once at warn level and
+/// used: there is nothing to check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum EvictionCheck {
+    /// Log an error (once per policy) and use the server (default).
+    #[default]
+    Log,
+    /// Refuse the server: every call fails with [`Error::Unavailable`]
+    /// naming the policy, until the policy is changed.
+    Refuse,
+    /// Do not read the policy.
+    Off,
+}
+
+impl RedisStore {
+    /// What to do on a server whose `maxmemory-policy` can evict locks (see
+    /// [`EvictionCheck`]; default [`EvictionCheck::Log`]).
+    ///
+    /// ```
+    /// use tower_redis_lock::{EvictionCheck, RedisStore};
+    ///
+    /// # fn main() -> Result<(), tower_redis_lock::Error> {
+    /// let store = RedisStore::from_url("redis://127.0.0.1/")?.with_eviction_check(EvictionCheck::Refuse);
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_eviction_check(mut self, check: EvictionCheck) -> Self {
+        self.inner_mut().eviction_check = check;
+        self
+    }
+
+    /// Reads the server's `maxmemory-policy` on a new connection and acts
+    /// per [`EvictionCheck`].
+    pub(super) async fn check_eviction(
+        &self,
+        conn: &mut Conn,
+        op: Operation,
+        key: Option<&LockKey>,
+    ) -> Result<(), Error> {
+        let check = self.inner.eviction_check;
+        if check == EvictionCheck::Off {
+            return Ok(());
+        }
+        let mut get = redis::cmd("CONFIG");
+        get.arg("GET").arg("maxmemory-policy");
+        let answer = match conn {
+            Conn::Single(c) => get.query_async::<redis::Value>(c).await,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => {
+                use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+                let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                c.route_command(get, all).await
+            }
+        };
+        let finding = match answer {
+            Ok(v) => {
+                let mut policies = Vec::new();
+                eviction_policies(&v, &mut policies);
+                policies.sort();
+                policies.dedup();
+                match policies.iter().find(|p| can_evict(p)) {
+                    Some(p) => Finding::Evicting(p.clone()),
+                    None if policies.is_empty() => {
+                        Finding::Unknown("no maxmemory-policy in the CONFIG GET answer".into())
+                    }
+                    None => Finding::Safe,
+                }
+            }
+            // Refused (ACL, a renamed command, a managed service).
+            Err(e)
+                if e.code().is_some()
+                    || matches!(
+                        e.kind(),
+                        redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+                    ) =>
+            {
+                Finding::Unknown(e.to_string())
+            }
+            Err(e) => return Err(Error::from_redis(op, key, e)),
+        };
+        let report = |text: String| {
+            let mut last = lock(&self.inner.eviction_reported);
+            let new = last.as_deref() != Some(text.as_str());
+            if new {
+                *last = Some(text);
+            }
+            new
+        };
+        match finding {
+            Finding::Safe => Ok(()),
+            Finding::Unknown(why) => {
+                if report(format!("unknown: {why}")) {
+                    tracing::warn!(
+                        error = %why,
+                        "could not read the Redis maxmemory-policy; locks are safe only on `noeviction`"
+                    );
+                }
+                Ok(())
+            }
+            Finding::Evicting(policy) => {
+                let refuse = check == EvictionCheck::Refuse;
+                if report(policy.clone()) {
+                    tracing::error!(
+                        maxmemory_policy = %policy,
+                        refused = refuse,
+                        "Redis can evict keys with an expiry under memory pressure, held locks among them: \
+                         two holders could then run at once; set `maxmemory-policy noeviction`"
+                    );
+                }
+                if refuse {
+                    return Err(Error::Unavailable {
+                        op,
+                        key: key.cloned(),
+                        source: format!(
+                            "the server's maxmemory-policy `{policy}` can evict held locks; \
+                             the store refuses it (EvictionCheck::Refuse): set `noeviction`"
+                        )
+                        .into(),
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// What a `CONFIG GET maxmemory-policy` found.
+enum Finding {
+    Safe,
+    Evicting(String),
+    Unknown(String),
+}
+
+/// Whether `policy` can evict a key that has an expiry: every policy but
+/// `noeviction`.
+fn can_evict(policy: &str) -> bool {
+    !policy.eq_ignore_ascii_case("noeviction")
+}
+
+/// Collects the values of `maxmemory-policy` in a `CONFIG GET` answer: a
+/// flat `[name, value]` array (RESP2), a map (RESP3), or a map of such
+/// answers per node (a Cluster asked on every primary).
+fn eviction_policies(v: &redis::Value, out: &mut Vec<String>) {
+    use redis::Value;
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    let is_name = |v: &Value| text(v).is_some_and(|t| t.eq_ignore_ascii_case("maxmemory-policy"));
+    match v {
+        Value::Array(items) if items.len() == 2 && is_name(&items[0]) => {
+            out.extend(text(&items[1]));
+        }
+        Value::Array(items) => items.iter().for_each(|i| eviction_policies(i, out)),
+        Value::Map(pairs) => {
+            for (k, v) in pairs {
+                if is_name(k) {
+                    out.extend(text(v));
+                } else {
+                    eviction_policies(v, out);
+                }
+            }
+        }
+        _ => {}
+    }
+}

@@ -1,0 +1,135 @@
+//! Redis names of a lock: its key, record, release channel and its
+//! bucket's fencing counter, all under one hash tag.
+
+use super::RedisStore;
+use crate::LockKey;
+
+pub(super) const LOCK: &str = "lock";
+pub(super) const FENCE: &str = "fence";
+pub(super) const RECORD: &str = "record";
+pub(super) const RECORD_WRITER: &str = "record-writer";
+pub(super) const RELEASED: &str = "released";
+
+/// Fencing counters per namespace. The counter of a lock is shared by every
+/// id whose [`bucket`] is the same, so the fencing state in Redis is bounded
+/// by the namespaces in use (at most this many keys each), never by the ids
+/// ever seen. Part of the key layout: changing it changes every name.
+pub(crate) const FENCE_BUCKETS: u32 = 1024;
+
+/// The fencing bucket of `key`: 32-bit FNV-1a of `namespace:id`, modulo
+/// [`FENCE_BUCKETS`]. Stable across processes, versions and languages (the
+/// names it picks are in Redis), and cheap: no allocation, a few ns.
+pub(crate) fn bucket(key: &LockKey) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for &b in key.as_str().as_bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h % FENCE_BUCKETS
+}
+
+/// One Redis name of a lock. The hash tag is the namespace and the lock's
+/// fencing bucket, `{<namespace>:<bucket, 3 hex digits>}`, so every name of
+/// a lock, its bucket's counter among them, is in one slot, and a Cluster
+/// still spreads a namespace over 1,024 tags:
+///
+/// * `<prefix>:{<ns>:<bucket>}:<id>:<suffix>` for the lock, its record and
+///   its release channel;
+/// * `<prefix>:{<ns>:<bucket>}:fence` for the bucket's fencing counter.
+///
+/// Written into commands without an intermediate `String`.
+#[derive(Clone, Copy)]
+pub(super) struct Name<'a> {
+    prefix: &'a str,
+    key: &'a LockKey,
+    suffix: &'static str,
+}
+
+impl std::fmt::Display for Name<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (prefix, ns, b) = (self.prefix, self.key.namespace(), bucket(self.key));
+        if self.suffix == FENCE {
+            // The bucket's counter: no id in it.
+            write!(f, "{prefix}:{{{ns}:{b:03x}}}:{FENCE}")
+        } else {
+            write!(
+                f,
+                "{prefix}:{{{ns}:{b:03x}}}:{}:{}",
+                self.key.id(),
+                self.suffix
+            )
+        }
+    }
+}
+
+impl redis::ToRedisArgs for Name<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        use std::io::Write as _;
+        // Writing into the argument buffer cannot fail.
+        let _ = write!(out.writer_for_next_arg(), "{self}");
+    }
+}
+
+impl RedisStore {
+    /// The Redis key that holds `key`'s lock.
+    pub fn lock_key(&self, key: &LockKey) -> String {
+        self.name(key, LOCK).to_string()
+    }
+
+    /// The Redis key that holds the fencing counter of `key`'s bucket (shared
+    /// with the other ids of the bucket: see the store's key layout).
+    pub fn fence_key(&self, key: &LockKey) -> String {
+        self.name(key, FENCE).to_string()
+    }
+
+    /// The Redis key that holds `key`'s completed record.
+    pub fn record_key(&self, key: &LockKey) -> String {
+        self.name(key, RECORD).to_string()
+    }
+
+    /// The channel on which `key`'s releases are published.
+    pub fn release_channel(&self, key: &LockKey) -> String {
+        self.name(key, RELEASED).to_string()
+    }
+
+    /// One of `key`'s Redis names, written straight into a command.
+    pub(super) fn name<'a>(&'a self, key: &'a LockKey, suffix: &'static str) -> Name<'a> {
+        Name {
+            prefix: &self.inner.prefix,
+            key,
+            suffix,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(id: &str, suffix: &'static str) -> String {
+        let key = LockKey::new("orders", id).unwrap();
+        Name {
+            prefix: "trl",
+            key: &key,
+            suffix,
+        }
+        .to_string()
+    }
+
+    #[test]
+    fn names_follow_the_documented_layout() {
+        assert_eq!(name("42", LOCK), "trl:{orders:170}:42:lock");
+        assert_eq!(name("42", RELEASED), "trl:{orders:170}:42:released");
+        assert_eq!(name("ord_1", RECORD), "trl:{orders:2b1}:ord_1:record");
+        // The fencing counter is the bucket's, shared by its ids.
+        assert_eq!(name("42", FENCE), "trl:{orders:170}:fence");
+        assert_eq!(name("ord_1", FENCE), "trl:{orders:2b1}:fence");
+    }
+
+    #[test]
+    fn buckets_are_stable_and_bounded() {
+        let b = |id: &str| bucket(&LockKey::new("orders", id).unwrap());
+        assert_eq!((b("42"), b("ord_1")), (0x170, 0x2b1));
+        assert!((0..5_000).all(|i| b(&i.to_string()) < FENCE_BUCKETS));
+    }
+}

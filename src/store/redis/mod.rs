@@ -1,0 +1,300 @@
+//! The store on one Redis primary, a Sentinel set or a Cluster: the
+//! [`RedisStore`] type and its [`LockStore`] impl. The rest, by job:
+//!
+//! | file | job |
+//! |---|---|
+//! | `settings.rs` | constructors over a pool or a URL, `with_*` settings |
+//! | `sentinel.rs`, `cluster.rs` | the Sentinel and Cluster constructors (features `sentinel`, `cluster`) |
+//! | `scripts.rs`, `scripts/*.lua` | the Lua scripts and the calls that run them |
+//! | `keys.rs` | Redis names of a lock (hash tag, fencing bucket) |
+//! | `connection.rs` | connection sources, the shared connection, call timeouts |
+//! | `replicas.rs` | `WAIT` for replicas after a grant |
+//! | `eviction.rs` | the `maxmemory-policy` check |
+//! | `notifier/` | release notifications over pub/sub |
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use redis::aio::MultiplexedConnection;
+
+use super::{AcquireOutcome, LockStore, ReleaseWatch, Renewal};
+use crate::{Error, LockKey, Operation, OwnerToken};
+
+#[cfg(feature = "cluster")]
+mod cluster;
+mod connection;
+mod eviction;
+mod keys;
+mod notifier;
+mod replicas;
+mod scripts;
+#[cfg(feature = "sentinel")]
+mod sentinel;
+mod settings;
+
+use connection::{Conn, Source};
+pub use eviction::EvictionCheck;
+use keys::{LOCK, RECORD, RELEASED};
+use notifier::{Notifier, PubSubSource};
+pub use replicas::ReplicaShortfall;
+use replicas::WaitReplicas;
+use scripts::{EXTEND, RELEASE};
+
+/// Locks on one Redis primary (standalone, or the primary of a replicated
+/// setup with no automatic failover).
+///
+/// * acquire, extend and release are one Lua script and one round trip each
+///   (EVALSHA, reloaded on `NOSCRIPT`); the grant mints the fencing token in
+///   the same script;
+/// * a lock `orders:42` lives at `trl:{orders:170}:42:lock` and its release
+///   channel is `trl:{orders:170}:42:released`, where `170` is the lock's
+///   fencing bucket (one of 1,024 per namespace, from a hash of the key); its
+///   fencing counter is the bucket's, `trl:{orders:170}:fence`, shared by the
+///   ids of the bucket. All names of a lock share one hash tag, and nothing
+///   is left in Redis per id once its lock is released (the counters are at
+///   most 1,024 per namespace, each expiring after the fence retention);
+/// * commands go over one multiplexed connection checked out of the
+///   [`deadpool_redis::Pool`] and kept (a pool checkout pings, which would
+///   double the round trips); a broken connection is replaced from the pool;
+/// * release notifications use one pub/sub connection per store, shared by
+///   all waiters, when the store has a [`redis::Client`] for it
+///   ([`from_url`](RedisStore::from_url) or
+///   [`with_notifications`](RedisStore::with_notifications)); without one,
+///   waiters poll. A [cluster](RedisStore::cluster) store always has one,
+///   using sharded pub/sub;
+/// * every call is bounded by the command timeout (default 2 s), so a Redis
+///   that is down or frozen gives [`Error::Unavailable`], never a hang.
+///
+/// ```no_run
+/// use tower_redis_lock::{Locker, RedisStore};
+///
+/// # fn main() -> Result<(), tower_redis_lock::Error> {
+/// let store = RedisStore::from_url("redis://127.0.0.1:6379/")?;
+/// let locker = Locker::new(store);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    source: Source,
+    conn: Mutex<Option<Conn>>,
+    /// Held while a new connection is checked out, so a burst of requests
+    /// after a disconnect opens one connection, not one each.
+    connecting: tokio::sync::Mutex<()>,
+    prefix: String,
+    fence_retention_ms: u64,
+    timeout: Duration,
+    pubsub: Option<PubSubSource>,
+    wait_replicas: Option<WaitReplicas>,
+    /// Idle connections of their own for grants that `WAIT` (which blocks
+    /// the connection it runs on; the shared one carries everybody's
+    /// commands, renewals included).
+    wait_conns: Mutex<Vec<MultiplexedConnection>>,
+    notifier: OnceLock<Notifier>,
+    eviction_check: EvictionCheck,
+    /// The last `maxmemory-policy` finding logged, so that a reconnect
+    /// does not repeat it.
+    eviction_reported: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.inner.prefix)
+            .field("fence_retention_ms", &self.inner.fence_retention_ms)
+            .field("timeout", &self.inner.timeout)
+            .field("notifications", &self.inner.pubsub.is_some())
+            .field("topology", &self.inner.source.topology())
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// How release scripts announce a release: sharded on a cluster (a
+    /// plain PUBLISH there would be broadcast to every node).
+    fn publish_command(&self) -> &'static str {
+        if self.inner.source.is_cluster() {
+            "SPUBLISH"
+        } else {
+            "PUBLISH"
+        }
+    }
+
+    /// Test support: how many release channels the store's notifier keeps
+    /// (subscribed or wanted) and the capacity of its map; `(0, 0)` before
+    /// the first subscribe or without notifications.
+    #[doc(hidden)]
+    pub fn notification_channels(&self) -> (usize, usize) {
+        self.inner.notifier.get().map_or((0, 0), Notifier::channels)
+    }
+
+    fn notifier(&self) -> Option<&Notifier> {
+        let source = self.inner.pubsub.as_ref()?;
+        Some(
+            self.inner
+                .notifier
+                .get_or_init(|| Notifier::spawn(source.clone(), self.inner.timeout)),
+        )
+    }
+}
+
+/// The longest expiry written to Redis: about 100 years, far below what
+/// `PX` accepts (the server refuses an expiry past `i64::MAX` ms from now).
+const MAX_PX: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `d` in whole milliseconds for `PX`/`PEXPIRE`: at least 1, and at most
+/// [`MAX_PX`] (a longer lease or retention is that long).
+fn ms(d: Duration) -> u64 {
+    (d.min(MAX_PX).as_millis() as u64).max(1)
+}
+
+impl LockStore for RedisStore {
+    fn instance_id(&self) -> usize {
+        Arc::as_ptr(&self.inner).cast::<()>() as usize
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        self.acquire_script(key, owner, lease, false).await
+    }
+
+    async fn acquire_or_replay(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        self.acquire_script(key, owner, lease, true).await
+    }
+
+    async fn finish(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        record: Bytes,
+        retention: Duration,
+    ) -> Result<bool, Error> {
+        self.finish_script(key, owner, record, retention, false)
+            .await
+    }
+
+    async fn read_record(&self, key: &LockKey) -> Result<Option<Bytes>, Error> {
+        let record_key = self.name(key, RECORD);
+        let raw: Option<Vec<u8>> = self
+            .with_conn(Operation::Acquire, Some(key), |mut c| async move {
+                redis::cmd("GET").arg(record_key).query_async(&mut c).await
+            })
+            .await?;
+        Ok(raw.map(Bytes::from))
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        let mut inv = EXTEND.key(self.name(key, LOCK));
+        inv.arg(owner.as_str()).arg(ms(lease));
+        let n: i64 = self
+            .with_conn(Operation::Extend, Some(key), |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
+        if renewals.is_empty() {
+            return Vec::new();
+        }
+        if self.inner.source.is_cluster() {
+            // Keys of a batch live in many slots: send the renewals at once
+            // on the cluster connection, which pipelines them per node. Each
+            // answers for itself: a frozen node fails only its own keys.
+            return futures_util::future::join_all(
+                renewals
+                    .iter()
+                    .map(|r| self.extend(&r.key, &r.owner, r.lease)),
+            )
+            .await;
+        }
+        let mut pipe = redis::pipe();
+        // One answer per command: a server error of one (a key of the wrong
+        // type) must not fail the others.
+        pipe.ignore_errors();
+        for r in renewals {
+            pipe.cmd("EVALSHA")
+                .arg(EXTEND.get_hash())
+                .arg(1)
+                .arg(self.name(&r.key, LOCK))
+                .arg(r.owner.as_str())
+                .arg(ms(r.lease));
+        }
+        let key = (renewals.len() == 1).then(|| &renewals[0].key);
+        let no_script = |a: &redis::RedisResult<i64>| matches!(a, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript));
+        let answers: Vec<redis::RedisResult<i64>> = match self
+            .with_conn(Operation::Extend, key, |mut c| async move {
+                let answers: Vec<redis::RedisResult<i64>> = pipe.query_async(&mut c).await?;
+                if answers.iter().any(no_script) {
+                    EXTEND.prepare_invoke().load_async(&mut c).await?;
+                    return pipe.query_async(&mut c).await;
+                }
+                Ok(answers)
+            })
+            .await
+        {
+            Ok(answers) => answers,
+            // The connection failed or timed out: every lease on it.
+            Err(e) => return super::error_for_each(e, renewals),
+        };
+        if answers.len() != renewals.len() {
+            let e = Error::Unavailable {
+                op: Operation::Extend,
+                key: None,
+                source: "the renewal pipeline answered the wrong number of replies".into(),
+            };
+            return super::error_for_each(e, renewals);
+        }
+        answers
+            .into_iter()
+            .zip(renewals)
+            .map(|(a, r)| match a {
+                Ok(n) => Ok(n == 1),
+                Err(e) => {
+                    self.forget_connection_on(&e);
+                    Err(Error::from_redis(Operation::Extend, Some(&r.key), e))
+                }
+            })
+            .collect()
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
+        let mut inv = RELEASE.key(self.name(key, LOCK));
+        inv.arg(owner.as_str())
+            .arg(self.publish_command())
+            .arg(self.name(key, RELEASED));
+        let n: i64 = self
+            .with_conn(Operation::Release, Some(key), |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {
+        match self.notifier() {
+            Some(notifier) => notifier.subscribe(self.release_channel(key), key).await,
+            None => Ok(ReleaseWatch::never()),
+        }
+    }
+}

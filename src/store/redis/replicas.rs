@@ -1,0 +1,155 @@
+//! `WAIT` for replicas after each grant: the settings, and the grant run on
+//! a connection of its own so that `WAIT` blocks nobody else.
+
+use std::time::Duration;
+
+use redis::RedisError;
+
+use super::connection::lock;
+use super::{RedisStore, ms};
+use crate::error::ConfigError;
+use crate::store::LockStore;
+use crate::{Error, LockKey, Operation, OwnerToken};
+
+/// Idle `WAIT` connections kept per store.
+const MAX_IDLE_WAIT_CONNS: usize = 16;
+
+/// `WAIT numreplicas timeout` after each grant.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct WaitReplicas {
+    replicas: u32,
+    timeout: Duration,
+    on_shortfall: ReplicaShortfall,
+}
+
+/// What to do when fewer replicas than asked acknowledge a grant in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ReplicaShortfall {
+    /// Release the grant and fail the acquire with
+    /// [`Error::Unavailable`] (default): the handler does not run on a grant
+    /// a failover could lose.
+    #[default]
+    Fail,
+    /// Keep the grant and log a warning.
+    Proceed,
+}
+
+impl RedisStore {
+    /// After each grant, `WAIT` until `replicas` replicas have the write or
+    /// `timeout` passes; on a shortfall, [`ReplicaShortfall::Fail`] releases
+    /// and fails the acquire. Shrinks (does not close) the window in which a
+    /// failover to a replica that missed the grant lets a second holder in.
+    /// `WAIT` runs on a connection of its own (kept for reuse), so the
+    /// other commands of the store, renewals included, never queue behind
+    /// it.
+    pub fn with_wait_replicas(
+        mut self,
+        replicas: u32,
+        timeout: Duration,
+        on_shortfall: ReplicaShortfall,
+    ) -> Result<Self, ConfigError> {
+        if replicas == 0 {
+            return Err(ConfigError::new("wait_replicas", "must be at least 1"));
+        }
+        if self.inner.source.is_cluster() {
+            return Err(ConfigError::new(
+                "wait_replicas",
+                "not supported on a cluster store (WAIT is per node)",
+            ));
+        }
+        if timeout.is_zero() || timeout >= self.inner.timeout {
+            return Err(ConfigError::new(
+                "wait_replicas",
+                "the timeout must be above 0 and below the command timeout",
+            ));
+        }
+        self.inner_mut().wait_replicas = Some(WaitReplicas {
+            replicas,
+            timeout,
+            on_shortfall,
+        });
+        Ok(self)
+    }
+
+    /// The acquire script, then (if it granted) `WAIT`, on a connection of
+    /// their own: `WAIT` blocks the connection it runs on, and it must run
+    /// where the grant was written (it counts that client's writes). The
+    /// connection is reused only after a clean answer.
+    pub(super) async fn grant_and_wait(
+        &self,
+        inv: &redis::ScriptInvocation<'_>,
+        key: &LockKey,
+        w: WaitReplicas,
+    ) -> Result<(i64, redis::Value, Option<i64>), Error> {
+        let op = Operation::Acquire;
+        let bound = self.inner.timeout.saturating_add(w.timeout);
+        let work = async {
+            let idle = lock(&self.inner.wait_conns).pop();
+            let mut conn = match idle {
+                Some(c) => c,
+                None => {
+                    let mut c = Box::pin(self.open_single(op, Some(key))).await?;
+                    c.set_response_timeout(bound);
+                    c
+                }
+            };
+            let fail = |e: RedisError| {
+                self.forget_connection_on(&e);
+                Error::from_redis(op, Some(key), e)
+            };
+            let (kind, value): (i64, redis::Value) =
+                inv.invoke_async(&mut conn).await.map_err(fail)?;
+            let acked = if kind == 1 {
+                let n: i64 = redis::cmd("WAIT")
+                    .arg(w.replicas)
+                    .arg(ms(w.timeout))
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(fail)?;
+                Some(n)
+            } else {
+                None
+            };
+            let mut idle = lock(&self.inner.wait_conns);
+            if idle.len() < MAX_IDLE_WAIT_CONNS {
+                idle.push(conn);
+            }
+            Ok((kind, value, acked))
+        };
+        self.bounded(op, Some(key), bound, work).await
+    }
+
+    /// On too few replica acknowledgements with [`ReplicaShortfall::Fail`],
+    /// releases the grant and fails.
+    pub(super) async fn check_replicas(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        w: WaitReplicas,
+        acked: i64,
+    ) -> Result<(), Error> {
+        if acked >= i64::from(w.replicas) {
+            return Ok(());
+        }
+        match w.on_shortfall {
+            ReplicaShortfall::Proceed => {
+                tracing::warn!(key = %key, acked, wanted = w.replicas, "grant not yet on enough replicas; proceeding");
+                Ok(())
+            }
+            ReplicaShortfall::Fail => {
+                let _ = self.release(key, owner).await;
+                Err(Error::Unavailable {
+                    op: Operation::Acquire,
+                    key: Some(key.clone()),
+                    source: format!(
+                        "only {acked} of {} replicas acknowledged the grant within {} ms",
+                        w.replicas,
+                        w.timeout.as_millis()
+                    )
+                    .into(),
+                })
+            }
+        }
+    }
+}

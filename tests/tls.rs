@@ -1,0 +1,252 @@
+//! `rediss://` against a real TLS `redis-server` (feature `tls-rustls`):
+//! a store over TLS grants, excludes and releases; a server whose
+//! certificate the client does not trust is refused promptly, with an
+//! error, never a hang.
+//!
+//! Self-contained: the certificates are made with the `openssl` CLI in a
+//! temporary directory, and the server is started here (it needs TLS
+//! arguments the shared test support does not take).
+
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tower_redis_lock::{Error, LockKey, LockStore, Locker, OwnerToken, RedisStore};
+
+/// A TLS-only `redis-server` with a certificate for `127.0.0.1` signed by
+/// its own CA; killed on drop.
+struct TlsServer {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl TlsServer {
+    fn start() -> TlsServer {
+        // rustls leaves the choice of crypto to the application (see
+        // README, "Cargo features"); the tests pick ring.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        make_ca(d, "ca");
+        make_ca(d, "other-ca");
+        openssl(d, &["genrsa", "-out", "server.key", "2048"]);
+        openssl(
+            d,
+            &[
+                "req",
+                "-new",
+                "-key",
+                "server.key",
+                "-subj",
+                "/CN=127.0.0.1",
+                "-out",
+                "server.csr",
+            ],
+        );
+        std::fs::write(d.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+        openssl(
+            d,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-sha256",
+                "-extfile",
+                "san.ext",
+                "-out",
+                "server.crt",
+            ],
+        );
+        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let path = |f: &str| d.join(f).to_str().unwrap().to_owned();
+        let child = Command::new("redis-server")
+            .args(["--port", "0", "--tls-port", &port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--tls-cert-file", &path("server.crt")])
+            .args(["--tls-key-file", &path("server.key")])
+            .args(["--tls-ca-cert-file", &path("ca.crt")])
+            .args(["--tls-auth-clients", "no"])
+            .args(["--save", "", "--appendonly", "no", "--dir", &path("")])
+            .args(["--maxmemory-policy", "noeviction"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server (built with TLS) on PATH");
+        let server = TlsServer { child, port, dir };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_err() {
+            assert!(Instant::now() < deadline, "TLS redis-server did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}/", self.port)
+    }
+
+    fn pem(&self, name: &str) -> Vec<u8> {
+        std::fs::read(self.dir.path().join(name)).unwrap()
+    }
+
+    /// A store that trusts `ca` (a PEM file of the temporary directory)
+    /// and nothing else, with a short command timeout.
+    fn store_trusting(&self, ca: &str) -> RedisStore {
+        let certs = redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(self.pem(ca)),
+        };
+        let client = redis::Client::build_with_tls(self.url(), certs).unwrap();
+        let manager = deadpool_redis::Manager::new(client.get_connection_info().clone()).unwrap();
+        let pool = deadpool_redis::Pool::builder(manager)
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .build()
+            .unwrap();
+        RedisStore::new(pool)
+            .with_notifications(client)
+            .with_command_timeout(Duration::from_secs(1))
+            .unwrap()
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("the openssl CLI on PATH");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A self-signed CA: `<name>.key`, `<name>.crt`.
+fn make_ca(dir: &Path, name: &str) {
+    let (key, crt): (PathBuf, PathBuf) =
+        (format!("{name}.key").into(), format!("{name}.crt").into());
+    openssl(dir, &["genrsa", "-out", key.to_str().unwrap(), "2048"]);
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            key.to_str().unwrap(),
+            "-sha256",
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={name}"),
+            "-out",
+            crt.to_str().unwrap(),
+        ],
+    );
+}
+
+/// Grants, shuts out a second owner, releases, and wakes a waiter: the
+/// whole engine path over TLS, notifications included.
+async fn grants_and_releases(store: RedisStore) {
+    let key = LockKey::new("tls", "job-1").unwrap();
+    let (a, b) = (OwnerToken::generate(), OwnerToken::generate());
+    let lease = Duration::from_secs(10);
+    assert!(matches!(
+        store.acquire(&key, &a, lease).await.unwrap(),
+        tower_redis_lock::AcquireOutcome::Granted(_)
+    ));
+    assert!(matches!(
+        store.acquire(&key, &b, lease).await.unwrap(),
+        tower_redis_lock::AcquireOutcome::Held { .. }
+    ));
+    assert!(store.extend(&key, &a, lease).await.unwrap());
+    assert!(store.release(&key, &a).await.unwrap());
+
+    // Through the locker: a waiter is handed the lock on release.
+    let locker = Locker::builder(store)
+        .wait_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let held = locker.acquire(&key).await.unwrap();
+    let waiter = {
+        let locker = locker.clone();
+        let key = key.clone();
+        tokio::spawn(async move { locker.acquire(&key).await.map(|g| g.fencing_token()) })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let first = held.fencing_token();
+    assert!(held.release().await.unwrap());
+    let second = waiter.await.unwrap().unwrap();
+    assert!(second > first, "{second} after {first}");
+}
+
+#[tokio::test]
+async fn rediss_with_insecure_grants_and_releases() {
+    let server = TlsServer::start();
+    let store = RedisStore::from_url(&format!("{}#insecure", server.url())).unwrap();
+    grants_and_releases(store).await;
+}
+
+#[tokio::test]
+async fn rediss_trusting_the_servers_ca_grants_and_releases() {
+    let server = TlsServer::start();
+    grants_and_releases(server.store_trusting("ca.crt")).await;
+}
+
+/// A store that does not trust the server's certificate answers an error
+/// within its command timeout.
+async fn refused_promptly(store: RedisStore) {
+    let key = LockKey::new("tls", "job-2").unwrap();
+    let started = Instant::now();
+    let err = store
+        .acquire(&key, &OwnerToken::generate(), Duration::from_secs(10))
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "refused after {:?}",
+        started.elapsed()
+    );
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    // Refused by the handshake, not left to the timeout.
+    let text = format!("{err} {:?}", std::error::Error::source(&err));
+    assert!(!text.contains("no answer from Redis"), "{text}");
+    assert!(text.to_lowercase().contains("certificate"), "{text}");
+}
+
+#[tokio::test]
+async fn a_certificate_from_another_ca_is_refused_promptly() {
+    let server = TlsServer::start();
+    refused_promptly(server.store_trusting("other-ca.crt")).await;
+}
+
+#[tokio::test]
+async fn rediss_without_insecure_refuses_an_unknown_ca_promptly() {
+    let server = TlsServer::start();
+    let store = RedisStore::from_url(&server.url())
+        .unwrap()
+        .with_command_timeout(Duration::from_secs(1))
+        .unwrap();
+    refused_promptly(store).await;
+}
