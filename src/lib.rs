@@ -12,7 +12,7 @@ mod key;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod layer;
-pub mod store;
+mod store;
 mod time;
 mod token;
 

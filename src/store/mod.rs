@@ -27,9 +27,9 @@ use tokio::sync::watch;
 use crate::{Error, FencingToken, LockKey, OwnerToken};
 
 mod boxed;
-pub mod memory;
-pub mod redis;
-pub mod redlock;
+pub(crate) mod memory;
+pub(crate) mod redis;
+pub(crate) mod redlock;
 
 pub use boxed::BoxStore;
 

@@ -1,0 +1,151 @@
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::*;
+use crate::MemoryStore;
+
+/// A memory store that overrides every default method and counts the
+/// calls to its overrides.
+#[derive(Clone, Default)]
+struct Overrides {
+    store: MemoryStore,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Overrides {
+    fn called(&self) -> usize {
+        self.calls.fetch_add(1, Ordering::SeqCst)
+    }
+}
+
+impl LockStore for Overrides {
+    fn acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<AcquireOutcome, Error>> + Send {
+        self.store.acquire(key, owner, lease)
+    }
+    fn extend(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        self.store.extend(key, owner, lease)
+    }
+    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
+        self.called();
+        self.store.extend_many(renewals).await
+    }
+    fn release(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        self.store.release(key, owner)
+    }
+    async fn acquire_or_replay(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        self.called();
+        self.store.acquire_or_replay(key, owner, lease).await
+    }
+    fn finish(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        record: Bytes,
+        retention: Duration,
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        self.store.finish(key, owner, record, retention)
+    }
+    fn read_record(
+        &self,
+        key: &LockKey,
+    ) -> impl Future<Output = Result<Option<Bytes>, Error>> + Send {
+        self.store.read_record(key)
+    }
+    fn subscribe(&self, key: &LockKey) -> impl Future<Output = Result<ReleaseWatch, Error>> + Send {
+        self.store.subscribe(key)
+    }
+    fn instance_id(&self) -> usize {
+        self.called();
+        self.store.instance_id()
+    }
+}
+
+#[tokio::test]
+async fn default_methods_reach_the_inner_stores_own_implementation() {
+    let inner = Overrides::default();
+    let boxed = BoxStore::new(inner.clone());
+    let (key, owner) = (LockKey::new("boxed", "k").unwrap(), OwnerToken::generate());
+    let lease = Duration::from_secs(5);
+
+    let outcome = boxed.acquire_or_replay(&key, &owner, lease).await.unwrap();
+    assert!(matches!(outcome, AcquireOutcome::Granted(_)), "{outcome:?}");
+    assert_eq!(inner.calls.load(Ordering::SeqCst), 1);
+
+    let renewal = Renewal {
+        key: key.clone(),
+        owner: owner.clone(),
+        lease,
+    };
+    let extended = boxed.extend_many(&[renewal]).await;
+    assert!(matches!(extended.as_slice(), [Ok(true)]), "{extended:?}");
+    assert_eq!(inner.calls.load(Ordering::SeqCst), 2);
+
+    assert_eq!(boxed.instance_id(), inner.store.instance_id());
+    assert_eq!(inner.calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn every_call_reaches_the_one_inner_store() {
+    let inner = MemoryStore::new();
+    let boxed = BoxStore::new(inner.clone());
+    let clone = boxed.clone();
+    let (key, a, b) = (
+        LockKey::new("boxed", "k").unwrap(),
+        OwnerToken::generate(),
+        OwnerToken::generate(),
+    );
+    let lease = Duration::from_secs(5);
+    let mut watch = clone.subscribe(&key).await.unwrap();
+    assert!(matches!(
+        boxed.acquire(&key, &a, lease).await.unwrap(),
+        AcquireOutcome::Granted(_)
+    ));
+    assert!(matches!(
+        inner.acquire(&key, &b, lease).await.unwrap(),
+        AcquireOutcome::Held { .. }
+    ));
+    assert!(clone.extend(&key, &a, lease).await.unwrap());
+    assert!(!boxed.extend(&key, &b, lease).await.unwrap());
+    let record = Bytes::from_static(b"done");
+    assert!(boxed.finish(&key, &a, record.clone(), lease).await.unwrap());
+    watch.released().await;
+    assert_eq!(clone.read_record(&key).await.unwrap(), Some(record));
+    assert!(!boxed.release(&key, &a).await.unwrap());
+}
+
+#[test]
+fn clones_and_reboxing_keep_the_inner_stores_identity() {
+    let inner = MemoryStore::new();
+    let boxed = BoxStore::new(inner.clone());
+    assert_eq!(boxed.instance_id(), inner.instance_id());
+    assert_eq!(boxed.clone().instance_id(), inner.instance_id());
+    let again = BoxStore::new(boxed.clone());
+    assert!(Arc::ptr_eq(&again.inner, &boxed.inner), "boxed twice");
+    assert_ne!(
+        BoxStore::new(MemoryStore::new()).instance_id(),
+        inner.instance_id()
+    );
+    let debug = format!("{boxed:?}");
+    assert!(
+        debug.starts_with("BoxStore(") && debug.contains("MemoryStore"),
+        "{debug}"
+    );
+}
