@@ -166,7 +166,9 @@ impl LockGuard {
     }
 
     /// Whether this guard's lock was granted by a store with this
-    /// [`instance_id`](crate::LockStore::instance_id).
+    /// [`instance_id`](crate::LockStore::instance_id). (Only the HTTP layer
+    /// asks.)
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
     pub(crate) fn is_from(&self, store: usize) -> bool {
         self.shared.is_from(store)
     }
