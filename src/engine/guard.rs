@@ -15,6 +15,7 @@ use super::lease::{Lease, LossReason};
 use super::pending::{EndOp, Ending, PendingEnd, trace_release};
 use super::reentry;
 use super::watchdog::Cmd;
+use crate::store::LockStore;
 use crate::{Error, FencingToken, LockKey};
 
 /// Proof that we hold a lock, for as long as [`is_held`](LockGuard::is_held)
@@ -239,7 +240,7 @@ impl LockGuard {
             .shared
             .end
             .store
-            .extend_dyn(&l.key, &l.owner, lease)
+            .extend(&l.key, &l.owner, lease)
             .await?
         {
             l.renewed(started, lease);
@@ -284,10 +285,7 @@ impl LockGuard {
                 retention,
             },
         );
-        let res = e
-            .store
-            .finish_dyn(&l.key, &l.owner, record, retention)
-            .await;
+        let res = e.store.finish(&l.key, &l.owner, record, retention).await;
         match &res {
             Ok(stored) => tracing::debug!(
                 key = %l.key,
@@ -307,7 +305,7 @@ impl LockGuard {
         }
         // Not stored: make sure the lock does not linger either.
         pending.op = Some(EndOp::Release);
-        let released = e.store.release_dyn(&l.key, &l.owner).await;
+        let released = e.store.release(&l.key, &l.owner).await;
         trace_release(l, &released);
         if released.is_ok() {
             pending.disarm();
@@ -356,7 +354,7 @@ impl LockGuard {
         let l = &*e.lease;
         // Dropped before the answer: the release goes on in the background.
         let mut pending = PendingEnd::arm(e, EndOp::Release);
-        let res = e.store.release_dyn(&l.key, &l.owner).await;
+        let res = e.store.release(&l.key, &l.owner).await;
         trace_release(l, &res);
         if res.is_ok() {
             pending.disarm();

@@ -10,6 +10,7 @@ use super::lease::Lease;
 use super::pending::{EndOp, Ending};
 use super::watchdog::Cmd;
 use crate::LockKey;
+use crate::store::LockStore;
 
 /// One hold of a lease: the grant, or one re-entry. Clones of a guard
 /// share it.
@@ -50,7 +51,7 @@ impl Hold {
 
     /// Whether the lock was granted by a store with this instance id.
     pub(crate) fn is_from(&self, store: usize) -> bool {
-        self.end.store.instance_id_dyn() == store
+        self.end.store.instance_id() == store
     }
 
     /// One more hold on the same grant, or `None` if this hold is given
@@ -132,7 +133,7 @@ mod tests {
         let (tx, cmds) = mpsc::unbounded_channel();
         let end = Ending {
             lease,
-            store: store.clone(),
+            store: crate::store::BoxStore::from_arc(store.clone()),
             local: Queues::default(),
             runtime: Some(tokio::runtime::Handle::current()),
         };

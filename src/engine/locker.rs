@@ -11,7 +11,7 @@ use super::guard::LockGuard;
 use super::options::Options;
 use super::queue::Queues;
 use super::watchdog::{self, Cmd};
-use crate::store::LockStore;
+use crate::store::{BoxStore, LockStore};
 use crate::{Error, LockKey};
 
 /// What [`Locker::acquire_or_replay`] found.
@@ -65,6 +65,9 @@ impl<S> Clone for Locker<S> {
 
 pub(crate) struct Inner<S> {
     pub(crate) store: Arc<S>,
+    /// The same store, type-erased once for the guards (which are not
+    /// generic): cloning it per grant is a reference count, not a box.
+    pub(crate) erased: BoxStore,
     pub(crate) opts: Options,
     /// The renewal task's inbox; replaced when that task is gone (its
     /// runtime shut down).
@@ -91,9 +94,11 @@ impl<S: LockStore> Locker<S> {
     }
 
     pub(crate) fn with_options(store: S, opts: Options) -> Self {
+        let store = Arc::new(store);
         Locker {
             inner: Arc::new(Inner {
-                store: Arc::new(store),
+                erased: BoxStore::from_arc(store.clone()),
+                store,
                 opts,
                 watchdog: RwLock::new(None),
                 next_id: AtomicU64::new(0),

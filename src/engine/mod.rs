@@ -7,7 +7,6 @@
 //! | file | concern |
 //! |---|---|
 //! | `lease.rs` | one grant's validity deadline and state (held, lost, released) |
-//! | `dyn_store.rs` | the object-safe store a guard keeps |
 //! | `queue.rs` | this process's waiters per key: local FIFO, wake on release |
 //! | `watchdog.rs` | one renewal task per locker: renew at lease/3, in batches |
 //! | `pending.rs` | drop guards for unanswered store calls; ending a lock in the background |
@@ -20,7 +19,6 @@
 //! | `wait.rs` | the wait loop and one try at the store |
 
 mod builder;
-mod dyn_store;
 mod guard;
 mod hold;
 mod lease;

@@ -15,10 +15,9 @@ use bytes::Bytes;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
-use super::dyn_store::DynStore;
 use super::lease::Lease;
 use super::queue::Queues;
-use crate::store::LockStore;
+use crate::store::{BoxStore, LockStore};
 use crate::time::far_add;
 use crate::{Error, LockKey, OwnerToken};
 
@@ -63,14 +62,14 @@ impl<S: LockStore> Drop for PendingAttempt<'_, S> {
     fn drop(&mut self) {
         if let Some((store, key, owner)) = self.armed.take() {
             let (key, owner, lease) = (key.clone(), owner.clone(), self.lease);
-            let store: Arc<dyn DynStore> = store.clone();
+            let store = BoxStore::from_arc(store.clone());
             spawn_detached(Some(self.runtime), async move {
                 // One try, bounded by a lease (after which a grant made now
                 // has expired anyway). Not retried: failed acquires are not
                 // bounded by the locks held, and retrying each of them
                 // through an outage would pile up work for the recovery.
                 let give_up = far_add(Instant::now(), lease);
-                let _ = tokio::time::timeout_at(give_up, store.release_dyn(&key, &owner)).await;
+                let _ = tokio::time::timeout_at(give_up, store.release(&key, &owner)).await;
             });
         }
     }
@@ -89,7 +88,7 @@ pub(crate) enum EndOp {
 #[derive(Clone)]
 pub(crate) struct Ending {
     pub(crate) lease: Arc<Lease>,
-    pub(crate) store: Arc<dyn DynStore>,
+    pub(crate) store: BoxStore,
     /// This process's waiters, woken right after a release.
     pub(crate) local: Queues,
     /// The runtime the lock was granted on: where background releases go
@@ -200,18 +199,12 @@ pub(crate) fn trace_release(l: &Lease, res: &Result<bool, Error>) {
 /// expired by itself (a full lease past its last validity deadline, which
 /// also covers a renewal still in flight). Then wakes this process's
 /// waiters.
-async fn end_lock(
-    lease: Arc<Lease>,
-    store: Arc<dyn DynStore>,
-    local: Queues,
-    op: EndOp,
-    pause_first: bool,
-) {
+async fn end_lock(lease: Arc<Lease>, store: BoxStore, local: Queues, op: EndOp, pause_first: bool) {
     let l = &*lease;
     let give_up = far_add(l.valid_until(), l.lease);
     let mut pause_first = pause_first;
     if let EndOp::Finish { record, retention } = op {
-        let finish = store.finish_dyn(&l.key, &l.owner, record, retention);
+        let finish = store.finish(&l.key, &l.owner, record, retention);
         match tokio::time::timeout_at(give_up, finish).await {
             Ok(Ok(true)) => {
                 tracing::debug!(key = %l.key, "lock finished in the background");
@@ -225,7 +218,7 @@ async fn end_lock(
         }
         pause_first = false;
     }
-    let res = release_retrying(&*store, &l.key, &l.owner, give_up, pause_first).await;
+    let res = release_retrying(&store, &l.key, &l.owner, give_up, pause_first).await;
     match res {
         Some(owned) => trace_release(l, &Ok(owned)),
         None => tracing::warn!(
@@ -243,7 +236,7 @@ async fn end_lock(
 /// never came. With `pause_first`, waits one backoff step before the first
 /// try (a try just failed).
 async fn release_retrying(
-    store: &dyn DynStore,
+    store: &BoxStore,
     key: &LockKey,
     owner: &OwnerToken,
     give_up: Instant,
@@ -262,7 +255,7 @@ async fn release_retrying(
             pause = (pause * 2).min(RETRY_MAX);
         }
         first = false;
-        match tokio::time::timeout_at(give_up, store.release_dyn(key, owner)).await {
+        match tokio::time::timeout_at(give_up, store.release(key, owner)).await {
             Ok(Ok(owned)) => return Some(owned),
             Ok(Err(e)) => tracing::debug!(key = %key, error = %e, "lock release failed; retrying"),
             Err(_) => return None,

@@ -236,7 +236,7 @@ impl<S: LockStore> Locker<S> {
                 );
                 let end = Ending {
                     lease,
-                    store: store.clone(),
+                    store: self.inner.erased.clone(),
                     local: self.inner.queues.clone(),
                     runtime: Some(runtime),
                 };

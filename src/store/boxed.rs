@@ -109,6 +109,20 @@ impl BoxStore {
     }
 }
 
+impl BoxStore {
+    /// Erases a store the caller already shares (the locker's), without
+    /// another allocation of the store. A `BoxStore` is handed back as it is.
+    pub(crate) fn from_arc<S: LockStore>(store: Arc<S>) -> Self {
+        if let Some(boxed) = (&store as &dyn Any).downcast_ref::<Arc<BoxStore>>() {
+            return BoxStore::clone(boxed);
+        }
+        BoxStore {
+            inner: store,
+            type_name: std::any::type_name::<S>(),
+        }
+    }
+}
+
 impl fmt::Debug for BoxStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("BoxStore").field(&self.type_name).finish()

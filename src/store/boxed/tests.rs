@@ -149,3 +149,15 @@ fn clones_and_reboxing_keep_the_inner_stores_identity() {
         "{debug}"
     );
 }
+
+#[test]
+fn from_arc_shares_the_store_and_does_not_box_a_boxed_one_again() {
+    let memory = Arc::new(MemoryStore::new());
+    let erased = BoxStore::from_arc(memory.clone());
+    assert_eq!(erased.instance_id(), memory.instance_id());
+    assert!(format!("{erased:?}").contains("MemoryStore"));
+    let boxed = Arc::new(BoxStore::new(MemoryStore::new()));
+    let again = BoxStore::from_arc(boxed.clone());
+    assert_eq!(again.instance_id(), boxed.instance_id());
+    assert!(Arc::ptr_eq(&again.inner, &boxed.inner));
+}
