@@ -136,6 +136,33 @@ pub(crate) fn validate_name(name: &str, colon: bool) -> Result<(), Error> {
     }
 }
 
+/// A valid namespace made from any `text` (a route template, say): bytes
+/// outside `A-Z a-z 0-9 _ - . /` become `_`, an empty result is `_`, and a
+/// result over [`MAX_NAMESPACE`] keeps its first 47 bytes, then `.` and 16
+/// hex digits of the SHA-256 of `identity` (the whole original), so two
+/// long texts that share a beginning still get two namespaces.
+pub(crate) fn namespace_from(text: &str, identity: &[u8]) -> String {
+    let mut ns: String = text
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'/') {
+                b as char
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if ns.is_empty() {
+        ns.push('_');
+    }
+    if ns.len() > MAX_NAMESPACE {
+        ns.truncate(MAX_NAMESPACE - 17);
+        ns.push('.');
+        push_hex(&mut ns, &Sha256::digest(identity)[..8]);
+    }
+    ns
+}
+
 pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     for &b in bytes {
@@ -216,5 +243,25 @@ mod tests {
             LockKey::new("ns", ""),
             Err(Error::InvalidKey { .. })
         ));
+    }
+
+    #[test]
+    fn namespaces_made_from_text_are_valid_readable_and_distinct() {
+        let route = "/orders/{id}/capture";
+        let ns = namespace_from(route.trim_start_matches('/'), route.as_bytes());
+        assert_eq!(ns, "orders/_id_/capture");
+        assert_eq!(namespace_from("", b""), "_");
+        let a = format!("{}/a", "x".repeat(80));
+        let b = format!("{}/b", "x".repeat(80));
+        let (na, nb) = (
+            namespace_from(&a, a.as_bytes()),
+            namespace_from(&b, b.as_bytes()),
+        );
+        assert_ne!(na, nb, "long texts that share a beginning");
+        for ns in [&ns, &na, &nb] {
+            assert!(ns.len() <= MAX_NAMESPACE, "{ns}");
+            assert!(validate_name(ns, false).is_ok(), "{ns}");
+        }
+        assert!(na.starts_with(&"x".repeat(MAX_NAMESPACE - 17)));
     }
 }

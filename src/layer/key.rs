@@ -369,28 +369,10 @@ fn canonical_path(path: &str) -> Result<Vec<u8>, Refused> {
 /// two routes under one layer never share locks by accident.
 pub(crate) fn route_namespace(extensions: &http::Extensions) -> Option<String> {
     let route = extensions.get::<MatchedPath>()?.as_str();
-    let route_trimmed = route.trim_start_matches('/');
-    let mut ns: String = route_trimmed
-        .bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'/') {
-                b as char
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if ns.is_empty() {
-        ns.push('_');
-    }
-    if ns.len() > crate::MAX_NAMESPACE {
-        use sha2::Digest;
-        let digest = sha2::Sha256::digest(route.as_bytes());
-        ns.truncate(crate::MAX_NAMESPACE - 17);
-        ns.push('.');
-        crate::key::push_hex(&mut ns, &digest[..8]);
-    }
-    Some(ns)
+    Some(crate::key::namespace_from(
+        route.trim_start_matches('/'),
+        route.as_bytes(),
+    ))
 }
 
 impl fmt::Debug for KeyFrom {
