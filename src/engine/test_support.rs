@@ -46,6 +46,9 @@ pub(crate) struct Counting {
     pub(crate) inner: MemoryStore,
     pub(crate) extends: std::sync::atomic::AtomicUsize,
     pub(crate) acquires: std::sync::atomic::AtomicUsize,
+    /// While set, every renewal fails at once (a store that is down and
+    /// refuses connections).
+    pub(crate) fail_extends: std::sync::atomic::AtomicBool,
 }
 
 impl Counting {
@@ -78,6 +81,13 @@ impl LockStore for Counting {
     ) -> Result<bool, crate::Error> {
         self.extends
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.fail_extends.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(crate::Error::Unavailable {
+                op: crate::Operation::Extend,
+                key: Some(key.clone()),
+                source: "test: the store refuses at once".into(),
+            });
+        }
         self.inner.extend(key, owner, lease).await
     }
 

@@ -41,6 +41,10 @@ struct Entry {
     in_flight: bool,
     /// The hold cap is reached: no more renewals.
     capped: bool,
+    /// After a failed renewal: not before this instant, even if it falls in
+    /// the coalescing window (which would resend it at once, in a loop
+    /// against a store that fails fast).
+    retry_at: Option<Instant>,
 }
 
 /// A batch's leases (id, lease asked for), when it was sent, and one answer
@@ -71,7 +75,7 @@ pub(crate) async fn run<S: LockStore>(
                     let next_renew = lease.acquired_at + lease.lease / 3;
                     let id = lease.id;
                     queue.insert((next_renew, id));
-                    entries.insert(id, Entry { lease, next_renew, queued: next_renew, in_flight: false, capped: false });
+                    entries.insert(id, Entry { lease, next_renew, queued: next_renew, in_flight: false, capped: false, retry_at: None });
                 }
                 Some(Cmd::Remove(id)) => {
                     if let Some(e) = entries.remove(&id) {
@@ -106,6 +110,7 @@ pub(crate) async fn run<S: LockStore>(
                         Ok(true) => {
                             e.lease.renewed(started, applied);
                             e.next_renew = started + e.lease.lease / 3;
+                            e.retry_at = None;
                         }
                         Ok(false) => {
                             e.lease.mark_lost(LossReason::NotOwner);
@@ -116,6 +121,7 @@ pub(crate) async fn run<S: LockStore>(
                         Err(err) => {
                             // Try again soon; the deadline decides if it is lost.
                             e.next_renew = now + (e.lease.lease / 12).min(Duration::from_secs(1));
+                            e.retry_at = Some(e.next_renew);
                             failed += 1;
                             first_error.get_or_insert(err);
                         }
@@ -154,7 +160,11 @@ pub(crate) async fn run<S: LockStore>(
                 entries.remove(&id);
                 continue;
             }
-            if e.in_flight || e.capped || e.next_renew > now + window {
+            if e.in_flight
+                || e.capped
+                || e.next_renew > now + window
+                || e.retry_at.is_some_and(|t| t > now)
+            {
                 // Waiting for a reply, or for the deadline (queued for it
                 // because it comes before the next renewal: a renewal
                 // shortened by the hold cap). Renewing again now would
@@ -343,5 +353,35 @@ mod tests {
         tokio::time::sleep_until(until + MS).await;
         assert!(l.lost.is_cancelled());
         assert_eq!(w.renewing.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_that_fails_at_once_is_retried_after_a_pause_not_in_a_loop() {
+        let store = Arc::new(Counting::default());
+        let l = grant(&store.inner, &key("failing"), LEASE, None).await;
+        let w = start(&store);
+        w.tx.send(Cmd::Add(l.clone())).unwrap();
+        store
+            .fail_extends
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // Up to the first renewal (not past it: with the bug, time would
+        // stop there, the watchdog never idle), and it fails.
+        tokio::time::sleep_until(l.acquired_at + LEASE / 3).await;
+        // However long the runtime keeps running without time passing, the
+        // retry waits for its pause (1 s): nothing more is sent.
+        for _ in 0..2_000 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            store.extends() <= 1,
+            "a failed renewal was re-sent at once: {}",
+            store.extends()
+        );
+        // Each pause brings one retry.
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(store.extends(), 2);
     }
 }
