@@ -141,6 +141,7 @@ pub(crate) fn validate_name(name: &str, colon: bool) -> Result<(), Error> {
 /// result over [`MAX_NAMESPACE`] keeps its first 47 bytes, then `.` and 16
 /// hex digits of the SHA-256 of `identity` (the whole original), so two
 /// long texts that share a beginning still get two namespaces.
+#[cfg_attr(not(feature = "axum"), allow(dead_code))]
 pub(crate) fn namespace_from(text: &str, identity: &[u8]) -> String {
     let mut ns: String = text
         .bytes()
