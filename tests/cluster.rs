@@ -208,7 +208,7 @@ async fn start_waiting(waiters: &Locker<RedisStore>, k: &LockKey, node: &RedisSe
     let tries = node.command_calls("evalsha");
     let waiter = {
         let (l, k) = (waiters.clone(), k.clone());
-        tokio::spawn(async move { l.acquire_or_replay(&k, l.wait_timeout()).await })
+        tokio::spawn(async move { l.acquire_or_replay(&k).await })
     };
     // Its first try, then its try after subscribing.
     assert!(
@@ -388,7 +388,7 @@ async fn without_sharded_pubsub_releases_still_work_and_waiters_poll() {
     let holder = holders.acquire(&k).await.unwrap();
     let waiter = {
         let (l, k) = (waiters.clone(), k.clone());
-        tokio::spawn(async move { l.acquire_or_replay(&k, l.wait_timeout()).await })
+        tokio::spawn(async move { l.acquire_or_replay(&k).await })
     };
     assert!(
         eventually(LIMIT, async || logs.text().contains("waiters poll")).await,

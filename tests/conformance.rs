@@ -429,16 +429,19 @@ macro_rules! conformance {
                 let (store, _keep) = $fixture;
                 let l = locker(store, 10_000, 10_000);
                 let k = key("wait-replay");
-                let tower_redis_lock::Acquired::Locked(first) =
-                    l.acquire_or_replay(&k, Duration::ZERO).await.unwrap()
+                let tower_redis_lock::Acquired::Locked(first) = l
+                    .acquire_or_replay_within(&k, Duration::ZERO)
+                    .await
+                    .unwrap()
                 else {
                     panic!("first request must lock");
                 };
                 let waiter = {
                     let (l, k) = (l.clone(), k.clone());
-                    tokio::spawn(
-                        async move { l.acquire_or_replay(&k, Duration::from_secs(10)).await },
-                    )
+                    tokio::spawn(async move {
+                        l.acquire_or_replay_within(&k, Duration::from_secs(10))
+                            .await
+                    })
                 };
                 let mut rec = tower_redis_lock::Record::new(http::StatusCode::CREATED);
                 rec.body = bytes::Bytes::from_static(b"done");

@@ -147,3 +147,61 @@ async fn nested_layers_count_their_holds_and_the_last_one_releases() {
     assert_eq!(&body[..], b"3");
     assert_eq!(store.held_count(), 0);
 }
+
+/// A middleware between the layers runs the rest of the request on a task of
+/// its own (as `tower::buffer` or a spawning service does): the task-local
+/// scope of the outer lock is not there, only the request's extensions.
+#[derive(Clone)]
+struct Spawned<S>(S);
+
+impl<S> tower::Service<Request<Body>> for Spawned<S>
+where
+    S: tower::Service<Request<Body>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let mut inner = self.0.clone();
+        Box::pin(async move {
+            tokio::spawn(async move { inner.call(req).await })
+                .await
+                .expect("the spawned request panicked")
+        })
+    }
+}
+
+#[tokio::test]
+async fn an_inner_layer_reached_on_another_task_still_re_enters() {
+    let store = MemoryStore::new();
+    let app = Router::new()
+        .route("/orders/{id}", post(token))
+        .layer(layer(&store, Duration::ZERO))
+        .layer(tower::layer::layer_fn(Spawned))
+        .layer(layer(&store, Duration::ZERO));
+    let res = app
+        .oneshot(Request::post("/orders/9").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "the inner layer waited for its own lock"
+    );
+    let header = res.headers()["fencing-token"].to_str().unwrap().to_owned();
+    let body = axum::body::to_bytes(res.into_body(), 1024).await.unwrap();
+    assert_eq!(header.as_bytes(), &body[..], "one token for both layers");
+    assert_eq!(store.held_count(), 0);
+}

@@ -155,7 +155,7 @@ async fn the_locker_reenters_inside_the_scope_only() {
             let other = key("other");
             let g2 = locker.acquire(&other).await.unwrap();
             g2.scope(async {
-                let third = locker.acquire_or_replay(&k, Duration::ZERO).await.unwrap();
+                let third = locker.acquire_or_replay_within(&k, Duration::ZERO).await.unwrap();
                 assert!(matches!(third, tower_redis_lock::Acquired::Locked(ref g) if g.fencing_token() == guard.fencing_token()));
                 assert_eq!(guard.hold_count(), 3);
                 assert_eq!(locker.acquire(&other).await.unwrap().hold_count(), 2);
@@ -233,7 +233,11 @@ async fn finish_ends_the_lock_for_every_hold() {
     );
     assert!(!outer.is_held());
     assert!(!outer.release().await.unwrap(), "nothing left to release");
-    match locker.acquire_or_replay(&k, Duration::ZERO).await.unwrap() {
+    match locker
+        .acquire_or_replay_within(&k, Duration::ZERO)
+        .await
+        .unwrap()
+    {
         tower_redis_lock::Acquired::Completed(raw) => {
             let r = Record::decode(raw).unwrap();
             assert_eq!((r.status, &r.body[..]), (StatusCode::CREATED, &b"done"[..]))

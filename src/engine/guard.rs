@@ -166,12 +166,11 @@ impl LockGuard {
         self.shared.lease()
     }
 
-    /// Whether this guard's lock was granted by a store with this
-    /// [`instance_id`](crate::LockStore::instance_id). (Only the HTTP layer
-    /// asks.)
+    /// Whether both guards are holds on one grant (one re-entered the
+    /// other). (Only the HTTP layer asks.)
     #[cfg_attr(not(feature = "axum"), allow(dead_code))]
-    pub(crate) fn is_from(&self, store: usize) -> bool {
-        self.shared.is_from(store)
+    pub(crate) fn same_grant(&self, other: &LockGuard) -> bool {
+        Arc::ptr_eq(self.shared.lease(), other.shared.lease())
     }
 
     /// The lock's key.

@@ -180,13 +180,19 @@ impl<S: LockStore> Locker<S> {
 
     /// Takes the lock unless the key's work is already done: then answers
     /// its completed bytes (stored by [`LockGuard::finish`]) without
-    /// locking. Waits up to `wait` like
-    /// [`acquire_within`](Locker::acquire_within), so a duplicate that
-    /// arrives while the first is running can wait for its record.
+    /// locking. Waits up to the configured wait timeout like
+    /// [`acquire`](Locker::acquire), so a duplicate that arrives while the
+    /// first is running can wait for its record.
     ///
     /// With the Redis store this is one round trip when the key is free or
     /// completed.
-    pub async fn acquire_or_replay(
+    pub async fn acquire_or_replay(&self, key: &LockKey) -> Result<Acquired, Error> {
+        self.take(key, self.inner.opts.wait, true).await
+    }
+
+    /// [`acquire_or_replay`](Locker::acquire_or_replay), waiting up to
+    /// `wait` (0 = try once) instead of the configured wait timeout.
+    pub async fn acquire_or_replay_within(
         &self,
         key: &LockKey,
         wait: Duration,

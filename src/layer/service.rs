@@ -226,59 +226,21 @@ where
         Err(e) => return Ok(reject(Problem::from_error(&e, c.contention), None)),
     };
 
-    // Re-entry: an enclosing lock layer already holds this very key, through
-    // the same store, for this request (nested locked routes or services).
-    // Run under one more hold of its lock, with its fencing token; waiting
-    // for our own lock would deadlock. The record, if any, is the outer
-    // layer's to store — so an idempotent layer re-enters only a lock taken
-    // by an idempotent layer: under any other, no record would be checked
-    // or stored and every duplicate would run again.
-    let outer = req
-        .extensions()
-        .get::<LockGuard>()
-        .filter(|outer| outer.key() == &key && outer.is_from(c.locker.store_id()));
-    if outer.is_some()
-        && c.idempotency.is_some()
-        && req
-            .extensions()
-            .get::<IdempotentHold>()
-            .is_none_or(|held| held.0 != key)
-    {
-        c.misplaced_once(|| {
-            tracing::error!(
-                key = %key,
-                "idempotent lock layer nested inside a lock layer on the same key that stores no \
-                 records: duplicates would run again; make the outer layer idempotent or give \
-                 the layers different namespaces"
-            )
-        });
-        return Ok(reject(
-            Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the idempotent lock layer is misconfigured: it is nested inside a lock on the \
-                 same key that stores no records",
-            ),
-            Some(&key),
-        ));
-    }
-    if let Some(again) = outer.and_then(|outer| outer.reenter().ok()) {
-        let token = again.fencing_token();
-        req.extensions_mut().insert(again.clone());
-        let mut res = again.scope(inner.call(req)).await?;
-        res.headers_mut()
-            .insert(c.header.clone(), HeaderValue::from(token.get()));
-        let _ = again.release().await;
-        return Ok(res.map(|b| ResponseBody::inner(b, None)));
-    }
-
-    // 2. The lock, or the completed record.
-    let taken = match &c.idempotency {
-        Some(_) => {
-            c.locker
-                .acquire_or_replay(&key, c.locker.wait_timeout())
-                .await
+    // 2. The lock, or the completed record. An enclosing lock layer's guard
+    // in the request is the scope the locker decides re-entry in (the same
+    // task-local check as for a handler that asks the locker itself), so a
+    // request handed to another task, with its extensions, still re-enters
+    // instead of waiting for its own lock.
+    let parent = req.extensions().get::<LockGuard>().cloned();
+    let take = async {
+        match &c.idempotency {
+            Some(_) => c.locker.acquire_or_replay(&key).await,
+            None => c.locker.acquire(&key).await.map(Acquired::Locked),
         }
-        None => c.locker.acquire(&key).await.map(Acquired::Locked),
+    };
+    let taken = match &parent {
+        Some(parent) => parent.scope(take).await,
+        None => take.await,
     };
     // The engine hands back the stored bytes; the record codec is ours.
     let taken = match taken {
@@ -305,6 +267,44 @@ where
             return Ok(reject(Problem::from_error(&e, c.contention), Some(&key)));
         }
     };
+    // Re-entered: one more hold on the enclosing layer's grant (nested
+    // locked routes or services on the same key and store). The record, if
+    // any, is the outer layer's to store — so an idempotent layer re-enters
+    // only a lock taken by an idempotent layer: under any other, no record
+    // would be checked or stored and every duplicate would run again.
+    if parent.as_ref().is_some_and(|p| p.same_grant(&guard)) {
+        if c.idempotency.is_some()
+            && req
+                .extensions()
+                .get::<IdempotentHold>()
+                .is_none_or(|held| held.0 != key)
+        {
+            let _ = guard.release().await;
+            c.misplaced_once(|| {
+                tracing::error!(
+                    key = %key,
+                    "idempotent lock layer nested inside a lock layer on the same key that \
+                     stores no records: duplicates would run again; make the outer layer \
+                     idempotent or give the layers different namespaces"
+                )
+            });
+            return Ok(reject(
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the idempotent lock layer is misconfigured: it is nested inside a lock on \
+                     the same key that stores no records",
+                ),
+                Some(&key),
+            ));
+        }
+        let token = guard.fencing_token();
+        req.extensions_mut().insert(guard.clone());
+        let mut res = guard.scope(inner.call(req)).await?;
+        res.headers_mut()
+            .insert(c.header.clone(), HeaderValue::from(token.get()));
+        let _ = guard.release().await;
+        return Ok(res.map(|b| ResponseBody::inner(b, None)));
+    }
     let token = guard.fencing_token();
     req.extensions_mut().insert(guard.clone());
     req.extensions_mut().insert(token);
