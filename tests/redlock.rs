@@ -126,7 +126,10 @@ async fn three_of_five_frozen_fails_closed() {
                 "ran"
             }),
         )
-        .layer(LockLayer::new(store, KeyFrom::path_param("id")));
+        .layer(LockLayer::new(
+            Locker::new(store),
+            KeyFrom::path_param("id"),
+        ));
     let res = app
         .oneshot(Request::post("/jobs/1").body(Body::empty()).unwrap())
         .await

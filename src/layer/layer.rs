@@ -86,15 +86,17 @@ impl<St> Config<St> {
 ///
 /// ```
 /// use axum::{Router, routing::post};
-/// use tower_redis_lock::{KeyFrom, LockGuard, LockLayer, MemoryStore};
+/// use tower_redis_lock::{KeyFrom, LockGuard, LockLayer, Locker, MemoryStore};
 ///
 /// async fn capture(guard: LockGuard) -> String {
 ///     format!("captured under fencing token {}", guard.fencing_token())
 /// }
 ///
+/// // One locker for the app; each layer gets a clone.
+/// let locker = Locker::new(MemoryStore::new());
 /// let app: Router = Router::new().route(
 ///     "/orders/{id}/capture",
-///     post(capture).route_layer(LockLayer::new(MemoryStore::new(), KeyFrom::path_param("id"))),
+///     post(capture).route_layer(LockLayer::new(locker.clone(), KeyFrom::path_param("id"))),
 /// );
 /// ```
 ///
@@ -155,15 +157,21 @@ impl<St> std::fmt::Debug for LockLayer<St> {
 }
 
 impl<St: LockStore> LockLayer<St> {
-    /// A layer with the defaults: 30 s lease, try-lock (409 at once on
-    /// contention), fail closed, keep running on loss, 400 on a missing key,
-    /// 1 MiB body limit, namespace = the matched route.
-    pub fn new(store: St, key: KeyFrom) -> Self {
-        Self::builder(Locker::new(store), key).into_layer()
+    /// A layer over `locker` with the layer's defaults: fail closed, keep
+    /// running on loss, 409 on contention, 400 on a missing key, 1 MiB body
+    /// limit, namespace = the matched route (see
+    /// [`namespace`](LockLayerBuilder::namespace)). The lease, wait timeout
+    /// and hold cap are the locker's.
+    ///
+    /// Give every layer of an app a clone of one [`Locker`]: a locker runs
+    /// one watchdog task, and a [`RedisStore`](crate::RedisStore) keeps one
+    /// command connection and one pub/sub connection, shared by its clones.
+    /// A locker per route multiplies them.
+    pub fn new(locker: Locker<St>, key: KeyFrom) -> Self {
+        Self::builder(locker, key).into_layer()
     }
 
-    /// A builder around a configured [`Locker`] (lease, wait timeout, hold
-    /// cap).
+    /// A builder over `locker`, for the layer's settings.
     pub fn builder(locker: Locker<St>, key: KeyFrom) -> LockLayerBuilder<St> {
         LockLayerBuilder {
             config: Config {
@@ -212,9 +220,23 @@ impl<St> std::fmt::Debug for LockLayerBuilder<St> {
 }
 
 impl<St: LockStore> LockLayerBuilder<St> {
-    /// Namespace of the keys (default: the matched axum route, so two
-    /// routes never share locks by accident). Give two layers the same
-    /// namespace to make their routes exclude each other on purpose.
+    /// Namespace of the keys: 1 to 64 bytes of `A-Z a-z 0-9 _ - . /`. A
+    /// lock's key is `namespace:id`; give two layers the same namespace to
+    /// make their routes exclude each other on purpose.
+    ///
+    /// **Default: the matched route template**, with its leading `/`
+    /// dropped and every byte outside that set turned into `_` (over 64
+    /// bytes: the first 47, `.` and 16 hex digits of its SHA-256):
+    /// `/orders/{id}/capture` gives `orders/_id_/capture`, so the request
+    /// `/orders/42/capture` locks `orders/_id_/capture:42`. Two routes never
+    /// share locks by accident — but renaming a route, or its parameter,
+    /// changes every key. During a rolling deploy the old and new instances
+    /// would then not exclude each other. Set a namespace for anything that
+    /// must hold across deploys.
+    ///
+    /// An [idempotent](LockLayerBuilder::idempotent) layer must have one:
+    /// its records outlive deploys, and a record found under a changed
+    /// namespace would be missed (the event would run again).
     pub fn namespace(mut self, namespace: &str) -> Self {
         self.config.namespace = Some(namespace.to_owned());
         self
@@ -285,6 +307,13 @@ impl<St: LockStore> LockLayerBuilder<St> {
         let c = &self.config;
         if let Some(idem) = &c.idempotency {
             idem.check()?;
+            if c.namespace.is_none() {
+                return Err(ConfigError::new(
+                    "namespace",
+                    "an idempotent layer needs an explicit namespace: its records outlive \
+                     deploys, and the default one (the route template) changes with the route",
+                ));
+            }
             if c.hold_until_body_end {
                 return Err(ConfigError::new(
                     "hold_until_body_end",

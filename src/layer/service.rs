@@ -200,26 +200,10 @@ where
         (None, Some(ns)) => ns,
         // No namespace and no matched route: every request through this
         // layer shares one namespace. Safe for mutual exclusion (requests of
-        // two routes at worst exclude each other), not for replay: a record
-        // of one route must never answer another's request.
-        (None, None) if c.idempotency.is_none() => FALLBACK_NAMESPACE.to_owned(),
-        (None, None) => {
-            c.misplaced_once(|| {
-                tracing::error!(
-                    "idempotent lock layer without a namespace outside routing: a completed \
-                     record could answer another route's request; set \
-                     LockLayerBuilder::namespace or put the layer on the route with `route_layer`"
-                )
-            });
-            return Ok(reject(
-                Problem::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "the idempotent lock layer is misconfigured: it has no namespace and sits \
-                     outside routing",
-                ),
-                None,
-            ));
-        }
+        // two routes at worst exclude each other); an idempotent layer, whose
+        // records must not answer another route's request, always has a
+        // namespace of its own (`build` requires one).
+        (None, None) => FALLBACK_NAMESPACE.to_owned(),
     };
     let key = match LockKey::new(&namespace, &id[..]) {
         Ok(key) => key,
