@@ -37,7 +37,7 @@ pub use store::{
     AcquireOutcome, LockStore, ReleaseWatch, Renewal,
     memory::MemoryStore,
     redis::RedisStore,
-    redis::{EvictionCheck, ReplicaShortfall},
+    redis::{EvictionCheck, RedisStoreBuilder, ReplicaShortfall},
     redlock::RedlockStore,
 };
 pub use token::{FencingToken, OwnerToken};

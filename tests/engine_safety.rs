@@ -560,9 +560,9 @@ async fn a_wait_on_a_frozen_redis_ends_at_its_deadline_not_the_command_timeout()
     let server = RedisServer::start();
     let command_timeout = Duration::from_secs(10);
     let wait = Duration::from_millis(500);
-    let store = RedisStore::from_url(&server.url())
-        .unwrap()
-        .with_command_timeout(command_timeout)
+    let store = RedisStore::builder(&server.url())
+        .command_timeout(command_timeout)
+        .build()
         .unwrap();
     let locker = Locker::builder(store)
         .lease(Duration::from_secs(30))
@@ -751,9 +751,9 @@ async fn per_key_structures_are_freed_after_a_burst_of_ten_thousand_locks() {
 // ---- helpers (Redis) -------------------------------------------------------
 
 fn redis_locker(server: &RedisServer, lease: Duration, wait: Duration) -> Locker<RedisStore> {
-    let store = RedisStore::from_url(&server.url())
-        .unwrap()
-        .with_command_timeout(Duration::from_millis(500))
+    let store = RedisStore::builder(&server.url())
+        .command_timeout(Duration::from_millis(500))
+        .build()
         .unwrap();
     Locker::builder(store)
         .lease(lease)

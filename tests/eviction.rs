@@ -17,7 +17,7 @@ fn key(id: &str) -> LockKey {
 }
 
 fn locker(store: RedisStore) -> Locker<RedisStore> {
-    Locker::builder(store.with_command_timeout(Duration::from_secs(2)).unwrap())
+    Locker::builder(store)
         .lease(Duration::from_secs(10))
         .wait_timeout(Duration::ZERO)
         .build()
@@ -38,9 +38,11 @@ async fn lock_once(l: &Locker<RedisStore>, key: &LockKey) {
 }
 
 fn store(server: &RedisServer, check: EvictionCheck) -> RedisStore {
-    RedisStore::from_url(&server.url())
+    RedisStore::builder(&server.url())
+        .command_timeout(Duration::from_secs(2))
+        .eviction_check(check)
+        .build()
         .unwrap()
-        .with_eviction_check(check)
 }
 
 #[tokio::test]
@@ -150,9 +152,11 @@ async fn every_primary_of_a_cluster_is_checked() {
     let urls = cluster.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     let l = locker(
-        RedisStore::cluster(&urls)
-            .unwrap()
-            .with_eviction_check(EvictionCheck::Refuse),
+        RedisStore::cluster_builder(&urls)
+            .command_timeout(Duration::from_secs(2))
+            .eviction_check(EvictionCheck::Refuse)
+            .build()
+            .unwrap(),
     );
     let err = l.try_acquire(&key("f")).await.unwrap_err();
     assert!(format!("{err:?}").contains("allkeys-random"), "{err:?}");

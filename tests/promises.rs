@@ -174,8 +174,9 @@ async fn an_acl_refusal_is_auth_and_answers_503() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_redis_answers_503_through_the_layer() {
     let server = RedisServer::start();
-    let st = store(&server)
-        .with_command_timeout(Duration::from_millis(300))
+    let st = RedisStore::builder(&server.url())
+        .command_timeout(Duration::from_millis(300))
+        .build()
         .unwrap();
     let (app, calls) = counted_app(Locker::new(st));
     let r = send(&app, post_to("/jobs/a")).await;

@@ -9,17 +9,20 @@ use std::time::Duration;
 
 use support::{RedisServer, eventually};
 use tokio::time::timeout;
-use tower_redis_lock::{Error, FenceOutcome, FencedResource, LockKey, Locker, RedisStore};
+use tower_redis_lock::{
+    Error, FenceOutcome, FencedResource, LockKey, Locker, RedisStore, RedisStoreBuilder,
+};
 
 fn key(id: &str) -> LockKey {
     LockKey::new("engine", id).unwrap()
 }
 
+fn builder(server: &RedisServer) -> RedisStoreBuilder {
+    RedisStore::builder(&server.url()).command_timeout(Duration::from_millis(500))
+}
+
 fn store(server: &RedisServer) -> RedisStore {
-    RedisStore::from_url(&server.url())
-        .unwrap()
-        .with_command_timeout(Duration::from_millis(500))
-        .unwrap()
+    builder(server).build().unwrap()
 }
 
 fn locker(server: &RedisServer, lease_ms: u64, wait_ms: u64) -> Locker<RedisStore> {
@@ -330,8 +333,9 @@ async fn redis_down_is_an_error_not_a_hang() {
 async fn a_frozen_redis_times_out_into_unavailable() {
     let server = RedisServer::start();
     let l = Locker::new(
-        store(&server)
-            .with_command_timeout(Duration::from_millis(300))
+        builder(&server)
+            .command_timeout(Duration::from_millis(300))
+            .build()
             .unwrap(),
     );
     l.try_acquire(&key("warm")).await.unwrap();
@@ -362,8 +366,9 @@ async fn auth_failures_are_told_apart_from_outages() {
 #[tokio::test]
 async fn tokens_keep_increasing_after_the_counter_retention_lapses() {
     let server = RedisServer::start();
-    let st = store(&server)
-        .with_fence_retention(Duration::from_secs(1))
+    let st = builder(&server)
+        .fence_retention(Duration::from_secs(1))
+        .build()
         .unwrap();
     let l = Locker::new(st);
     let k = key("retention");

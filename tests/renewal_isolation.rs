@@ -53,9 +53,9 @@ async fn a_frozen_cluster_primary_loses_only_its_own_locks() {
     let cluster = Cluster::start_with(3, &["--cluster-require-full-coverage", "no"]);
     let urls = cluster.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let store = RedisStore::cluster(&urls)
-        .unwrap()
-        .with_command_timeout(Duration::from_millis(100))
+    let store = RedisStore::cluster_builder(&urls)
+        .command_timeout(Duration::from_millis(100))
+        .build()
         .unwrap();
     let l = locker(store.clone());
 
@@ -171,9 +171,9 @@ async fn extend_many_answers_each_renewal_on_its_own() {
 #[tokio::test]
 async fn a_dead_connection_fails_every_renewal_of_the_batch() {
     let mut server = RedisServer::start();
-    let store = RedisStore::from_url(&server.url())
-        .unwrap()
-        .with_command_timeout(Duration::from_millis(200))
+    let store = RedisStore::builder(&server.url())
+        .command_timeout(Duration::from_millis(200))
+        .build()
         .unwrap();
     let a = OwnerToken::generate();
     let keys: Vec<LockKey> = (0..3)

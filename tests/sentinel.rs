@@ -9,15 +9,17 @@ use std::time::Duration;
 
 use support::topology::SentinelSet;
 use tokio::time::timeout;
-use tower_redis_lock::{Error, LockKey, Locker, RedisStore, ReplicaShortfall};
+use tower_redis_lock::{Error, LockKey, Locker, RedisStore, RedisStoreBuilder, ReplicaShortfall};
 
-fn store(set: &SentinelSet) -> RedisStore {
+fn builder(set: &SentinelSet) -> RedisStoreBuilder {
     let urls = set.sentinel_urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
-    RedisStore::sentinel(&urls, &set.master_name)
-        .unwrap()
-        .with_command_timeout(Duration::from_millis(300))
-        .unwrap()
+    RedisStore::sentinel_builder(&urls, &set.master_name)
+        .command_timeout(Duration::from_millis(300))
+}
+
+fn store(set: &SentinelSet) -> RedisStore {
+    builder(set).build().unwrap()
 }
 
 fn key(id: &str) -> LockKey {
@@ -38,8 +40,9 @@ async fn acquire_eventually(l: &Locker<RedisStore>, k: &LockKey) -> tower_redis_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_grants_follow_a_failover_and_tokens_never_go_backwards() {
     let set = SentinelSet::start();
-    let st = store(&set)
-        .with_wait_replicas(1, Duration::from_millis(200), ReplicaShortfall::Fail)
+    let st = builder(&set)
+        .wait_replicas(1, Duration::from_millis(200), ReplicaShortfall::Fail)
+        .build()
         .unwrap();
     let l = Locker::builder(st)
         .lease(Duration::from_secs(5))
@@ -74,8 +77,9 @@ async fn new_grants_follow_a_failover_and_tokens_never_go_backwards() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_refuses_a_grant_the_replica_did_not_get() {
     let set = SentinelSet::start();
-    let st = store(&set)
-        .with_wait_replicas(1, Duration::from_millis(100), ReplicaShortfall::Fail)
+    let st = builder(&set)
+        .wait_replicas(1, Duration::from_millis(100), ReplicaShortfall::Fail)
+        .build()
         .unwrap();
     let l = Locker::new(st);
     set.replica.freeze();
@@ -150,10 +154,10 @@ async fn a_grant_waiting_for_replicas_holds_up_no_other_command() {
     let set = SentinelSet::start();
     // WAIT may take up to 8 s here; the store's other commands must not
     // queue behind it.
-    let st = store(&set)
-        .with_command_timeout(Duration::from_secs(10))
-        .unwrap()
-        .with_wait_replicas(1, Duration::from_secs(8), ReplicaShortfall::Proceed)
+    let st = builder(&set)
+        .command_timeout(Duration::from_secs(10))
+        .wait_replicas(1, Duration::from_secs(8), ReplicaShortfall::Proceed)
+        .build()
         .unwrap();
     let l = Locker::new(st);
     let held = l.try_acquire(&key("held")).await.unwrap();

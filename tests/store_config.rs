@@ -8,40 +8,103 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use support::RedisServer;
-use tower_redis_lock::{AcquireOutcome, LockKey, LockStore, OwnerToken, RedisStore};
+use tower_redis_lock::{
+    AcquireOutcome, LockKey, LockStore, OwnerToken, RedisStore, RedisStoreBuilder,
+    ReplicaShortfall, redis,
+};
 
 const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
+fn builder() -> RedisStoreBuilder {
+    RedisStore::builder("redis://127.0.0.1:1/")
+}
+
 #[test]
 fn a_fence_retention_past_what_redis_accepts_is_refused() {
-    let store = RedisStore::from_url("redis://127.0.0.1:1/").unwrap();
-    let err = store
-        .clone()
-        .with_fence_retention(Duration::MAX)
+    let err = builder()
+        .fence_retention(Duration::MAX)
+        .build()
         .unwrap_err();
     assert_eq!(err.setting(), "fence_retention");
     assert!(err.to_string().contains("at most"), "{err}");
-    assert!(store.clone().with_fence_retention(CENTURY).is_ok());
-    assert!(
-        store
-            .with_fence_retention(CENTURY + Duration::from_secs(1))
-            .is_err()
+    assert!(builder().fence_retention(CENTURY).build().is_ok());
+    let over = CENTURY + Duration::from_secs(1);
+    assert!(builder().fence_retention(over).build().is_err());
+    let under = Duration::from_millis(999);
+    assert_eq!(
+        builder()
+            .fence_retention(under)
+            .build()
+            .unwrap_err()
+            .setting(),
+        "fence_retention"
     );
 }
 
 #[test]
 fn a_command_timeout_past_an_hour_is_refused() {
-    let store = RedisStore::from_url("redis://127.0.0.1:1/").unwrap();
-    let err = store
-        .clone()
-        .with_command_timeout(Duration::MAX)
+    let err = builder()
+        .command_timeout(Duration::MAX)
+        .build()
         .unwrap_err();
     assert_eq!(err.setting(), "command_timeout");
     assert!(
-        store
-            .with_command_timeout(Duration::from_secs(3600))
+        builder()
+            .command_timeout(Duration::from_secs(3600))
+            .build()
             .is_ok()
     );
+    let err = builder()
+        .command_timeout(Duration::from_micros(999))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting(), "command_timeout");
+}
+
+/// Every setting is checked by `build`, which names the first one wrong;
+/// a URL that does not parse is a configuration error too.
+#[test]
+fn build_names_the_setting_it_refuses() {
+    let setting = |b: RedisStoreBuilder| b.build().unwrap_err().setting().to_owned();
+    assert_eq!(setting(RedisStore::builder("not a url")), "url");
+    assert_eq!(
+        RedisStore::from_url("not a url").unwrap_err().setting(),
+        "url"
+    );
+    assert_eq!(setting(builder().prefix("")), "prefix");
+    assert_eq!(setting(builder().prefix("a b")), "prefix");
+    let wait = |n, ms| {
+        setting(
+            builder()
+                .command_timeout(Duration::from_secs(1))
+                .wait_replicas(n, Duration::from_millis(ms), ReplicaShortfall::Fail),
+        )
+    };
+    assert_eq!(wait(0, 100), "wait_replicas");
+    assert_eq!(wait(1, 0), "wait_replicas");
+    assert_eq!(
+        wait(1, 1000),
+        "wait_replicas",
+        "WAIT must end before the call's timeout"
+    );
+    assert!(
+        builder()
+            .command_timeout(Duration::from_secs(1))
+            .wait_replicas(1, Duration::from_millis(999), ReplicaShortfall::Fail)
+            .build()
+            .is_ok()
+    );
+    #[cfg(feature = "cluster")]
+    {
+        let cluster = || RedisStore::cluster_builder(&["redis://127.0.0.1:1/"]);
+        let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+        assert_eq!(setting(cluster().notifications(client)), "notifications");
+        assert_eq!(
+            setting(cluster().wait_replicas(1, Duration::from_millis(10), ReplicaShortfall::Fail)),
+            "wait_replicas"
+        );
+        assert!(cluster().build().is_ok());
+    }
 }
 
 /// The longest fence retention allowed works against a real server: the
@@ -49,9 +112,9 @@ fn a_command_timeout_past_an_hour_is_refused() {
 #[tokio::test]
 async fn the_longest_fence_retention_grants() {
     let server = RedisServer::start();
-    let store = RedisStore::from_url(&server.url())
-        .unwrap()
-        .with_fence_retention(CENTURY)
+    let store = RedisStore::builder(&server.url())
+        .fence_retention(CENTURY)
+        .build()
         .unwrap();
     let k = LockKey::new("config", "retention").unwrap();
     let owner = OwnerToken::generate();

@@ -115,9 +115,10 @@ impl TlsServer {
             .runtime(deadpool_redis::Runtime::Tokio1)
             .build()
             .unwrap();
-        RedisStore::new(pool)
-            .with_notifications(client)
-            .with_command_timeout(Duration::from_secs(1))
+        RedisStore::pool_builder(pool)
+            .notifications(client)
+            .command_timeout(Duration::from_secs(1))
+            .build()
             .unwrap()
     }
 }
@@ -244,9 +245,9 @@ async fn a_certificate_from_another_ca_is_refused_promptly() {
 #[tokio::test]
 async fn rediss_without_insecure_refuses_an_unknown_ca_promptly() {
     let server = TlsServer::start();
-    let store = RedisStore::from_url(&server.url())
-        .unwrap()
-        .with_command_timeout(Duration::from_secs(1))
+    let store = RedisStore::builder(&server.url())
+        .command_timeout(Duration::from_secs(1))
+        .build()
         .unwrap();
     refused_promptly(store).await;
 }

@@ -40,7 +40,7 @@ use crate::{Error, FencingToken, LockKey, Operation, OwnerToken, RedisStore};
 /// * waiters subscribe on every node and wake on any release.
 ///
 /// Give each node a short command timeout
-/// ([`RedisStore::with_command_timeout`], e.g. 50 ms): a silent node then
+/// ([`RedisStoreBuilder::command_timeout`](crate::RedisStoreBuilder::command_timeout), e.g. 50 ms): a silent node then
 /// costs one timeout per attempt instead of the whole lease.
 ///
 /// # Fencing, and what Redlock cannot promise

@@ -101,9 +101,9 @@ impl WorkerSpec {
 }
 
 pub fn lock_node(url: &str) -> RedisStore {
-    RedisStore::from_url(url)
-        .unwrap()
-        .with_command_timeout(Duration::from_millis(500))
+    RedisStore::builder(url)
+        .command_timeout(Duration::from_millis(500))
+        .build()
         .unwrap()
 }
 

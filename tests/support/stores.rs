@@ -34,9 +34,9 @@ pub fn redlock_over(servers: &[RedisServer], command_timeout: Duration) -> Redlo
     let nodes = servers
         .iter()
         .map(|s| {
-            RedisStore::from_url(&s.url())
-                .unwrap()
-                .with_command_timeout(command_timeout)
+            RedisStore::builder(&s.url())
+                .command_timeout(command_timeout)
+                .build()
                 .unwrap()
         })
         .collect();

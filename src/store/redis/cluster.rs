@@ -1,13 +1,12 @@
 //! The store on a Redis Cluster.
 
-use super::RedisStore;
 use super::connection::Source;
 use super::notifier::PubSubSource;
-use crate::Error;
+use super::{RedisStore, RedisStoreBuilder};
 use crate::error::ConfigError;
 
 impl RedisStore {
-    /// A store on a Redis Cluster, given some of its nodes. Every lock's
+    /// A builder for a store on a Redis Cluster, given some of its nodes. Every lock's
     /// keys share one hash tag, so each script touches one slot; MOVED and
     /// ASK are followed by the cluster client; renewals go out concurrently
     /// on the cluster connection, which pipelines them per node.
@@ -21,12 +20,23 @@ impl RedisStore {
     /// lives. A cluster that rejects `SSUBSCRIBE` (before Redis 7) still
     /// releases; its waiters poll, and a warning says so once.
     #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
-    pub fn cluster(node_urls: &[&str]) -> Result<Self, Error> {
-        let client = redis::cluster::ClusterClient::new(node_urls.to_vec())
-            .map_err(|e| Error::Config(ConfigError::new("cluster_urls", e.to_string())))?;
-        let mut store = Self::with_source(Source::Cluster(Box::new(client)));
-        let nodes = node_urls.iter().map(|u| u.to_string()).collect();
-        store.inner_mut().pubsub = Some(PubSubSource::Cluster(nodes));
-        Ok(store)
+    pub fn cluster_builder(node_urls: &[&str]) -> RedisStoreBuilder {
+        let source = redis::cluster::ClusterClient::new(node_urls.to_vec())
+            .map_err(|e| ConfigError::new("cluster_urls", e.to_string()))
+            .map(|client| {
+                let nodes = node_urls.iter().map(|u| u.to_string()).collect();
+                (
+                    Source::Cluster(Box::new(client)),
+                    Some(PubSubSource::Cluster(nodes)),
+                )
+            });
+        RedisStoreBuilder::over(source)
+    }
+
+    /// A store with the defaults on a Redis Cluster:
+    /// `cluster_builder(..).build()`.
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn cluster(node_urls: &[&str]) -> Result<Self, ConfigError> {
+        Self::cluster_builder(node_urls).build()
     }
 }

@@ -30,23 +30,6 @@ pub enum EvictionCheck {
 }
 
 impl RedisStore {
-    /// What to do on a server whose `maxmemory-policy` can evict locks (see
-    /// [`EvictionCheck`]; default [`EvictionCheck::Log`]).
-    ///
-    /// ```
-    /// use tower_redis_lock::{EvictionCheck, RedisStore};
-    ///
-    /// # fn main() -> Result<(), tower_redis_lock::Error> {
-    /// let store = RedisStore::from_url("redis://127.0.0.1/")?.with_eviction_check(EvictionCheck::Refuse);
-    /// # let _ = store;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn with_eviction_check(mut self, check: EvictionCheck) -> Self {
-        self.inner_mut().eviction_check = check;
-        self
-    }
-
     /// Reads the server's `maxmemory-policy` on a new connection and acts
     /// per [`EvictionCheck`].
     pub(super) async fn check_eviction(

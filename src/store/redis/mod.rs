@@ -3,8 +3,8 @@
 //!
 //! | file | job |
 //! |---|---|
-//! | `settings.rs` | constructors over a pool or a URL, `with_*` settings |
-//! | `sentinel.rs`, `cluster.rs` | the Sentinel and Cluster constructors (features `sentinel`, `cluster`) |
+//! | `settings.rs` | `RedisStoreBuilder`: constructors over a URL or a pool, the settings and their checks |
+//! | `sentinel.rs`, `cluster.rs` | the Sentinel and Cluster builders (features `sentinel`, `cluster`) |
 //! | `scripts.rs`, `scripts/*.lua` | the Lua scripts and the calls that run them |
 //! | `keys.rs` | Redis names of a lock (hash tag, fencing bucket) |
 //! | `connection.rs` | connection sources, the shared connection, call timeouts |
@@ -40,6 +40,7 @@ use notifier::{Notifier, PubSubSource};
 pub use replicas::ReplicaShortfall;
 use replicas::WaitReplicas;
 use scripts::{EXTEND, RELEASE};
+pub use settings::RedisStoreBuilder;
 
 /// Locks on one Redis primary (standalone, or the primary of a replicated
 /// setup with no automatic failover).
@@ -60,7 +61,7 @@ use scripts::{EXTEND, RELEASE};
 /// * release notifications use one pub/sub connection per store, shared by
 ///   all waiters, when the store has a [`redis::Client`] for it
 ///   ([`from_url`](RedisStore::from_url) or
-///   [`with_notifications`](RedisStore::with_notifications)); without one,
+///   [`notifications`](RedisStoreBuilder::notifications)); without one,
 ///   waiters poll. A [cluster](RedisStore::cluster) store always has one,
 ///   using sharded pub/sub;
 /// * every call is bounded by the command timeout (default 2 s), so a Redis
@@ -69,7 +70,7 @@ use scripts::{EXTEND, RELEASE};
 /// ```no_run
 /// use tower_redis_lock::{Locker, RedisStore};
 ///
-/// # fn main() -> Result<(), tower_redis_lock::Error> {
+/// # fn main() -> Result<(), tower_redis_lock::ConfigError> {
 /// let store = RedisStore::from_url("redis://127.0.0.1:6379/")?;
 /// let locker = Locker::new(store);
 /// # Ok(())

@@ -7,7 +7,6 @@ use redis::RedisError;
 
 use super::connection::lock;
 use super::{RedisStore, ms};
-use crate::error::ConfigError;
 use crate::store::LockStore;
 use crate::{Error, LockKey, Operation, OwnerToken};
 
@@ -35,43 +34,17 @@ pub enum ReplicaShortfall {
     Proceed,
 }
 
-impl RedisStore {
-    /// After each grant, `WAIT` until `replicas` replicas have the write or
-    /// `timeout` passes; on a shortfall, [`ReplicaShortfall::Fail`] releases
-    /// and fails the acquire. Shrinks (does not close) the window in which a
-    /// failover to a replica that missed the grant lets a second holder in.
-    /// `WAIT` runs on a connection of its own (kept for reuse), so the
-    /// other commands of the store, renewals included, never queue behind
-    /// it.
-    pub fn with_wait_replicas(
-        mut self,
-        replicas: u32,
-        timeout: Duration,
-        on_shortfall: ReplicaShortfall,
-    ) -> Result<Self, ConfigError> {
-        if replicas == 0 {
-            return Err(ConfigError::new("wait_replicas", "must be at least 1"));
-        }
-        if self.inner.source.is_cluster() {
-            return Err(ConfigError::new(
-                "wait_replicas",
-                "not supported on a cluster store (WAIT is per node)",
-            ));
-        }
-        if timeout.is_zero() || timeout >= self.inner.timeout {
-            return Err(ConfigError::new(
-                "wait_replicas",
-                "the timeout must be above 0 and below the command timeout",
-            ));
-        }
-        self.inner_mut().wait_replicas = Some(WaitReplicas {
+impl WaitReplicas {
+    pub(super) fn new(replicas: u32, timeout: Duration, on_shortfall: ReplicaShortfall) -> Self {
+        WaitReplicas {
             replicas,
             timeout,
             on_shortfall,
-        });
-        Ok(self)
+        }
     }
+}
 
+impl RedisStore {
     /// The acquire script, then (if it granted) `WAIT`, on a connection of
     /// their own: `WAIT` blocks the connection it runs on, and it must run
     /// where the grant was written (it counts that client's writes). The

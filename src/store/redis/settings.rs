@@ -1,14 +1,14 @@
-//! Making a store: over a pool or from a URL, and its `with_*` settings
-//! (Sentinel and Cluster constructors are in `sentinel.rs`, `cluster.rs`;
-//! replicas and the eviction check beside their code).
+//! Making a store: [`RedisStoreBuilder`], started from a URL, a pool, a
+//! Sentinel set or Cluster nodes; every setting is checked in
+//! [`build`](RedisStoreBuilder::build).
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use super::connection::Source;
 use super::notifier::PubSubSource;
-use super::{EvictionCheck, Inner, MAX_PX, RedisStore, ms};
-use crate::Error;
+use super::replicas::WaitReplicas;
+use super::{EvictionCheck, Inner, MAX_PX, RedisStore, ReplicaShortfall, ms};
 use crate::error::ConfigError;
 use crate::key::validate_name;
 
@@ -19,127 +19,260 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 /// far from overflowing).
 const MAX_COMMAND_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// Builds a [`RedisStore`]. Start from
+/// [`RedisStore::builder`] (a URL), [`RedisStore::pool_builder`],
+/// `RedisStore::sentinel_builder` or `RedisStore::cluster_builder`; the
+/// setters take values as they are, and [`build`](RedisStoreBuilder::build)
+/// checks them all and answers the first [`ConfigError`]. The built store is
+/// configured for good: clones share its connections and settings.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_lock::{EvictionCheck, RedisStore};
+///
+/// # fn main() -> Result<(), tower_redis_lock::ConfigError> {
+/// let store = RedisStore::builder("redis://127.0.0.1:6379/")
+///     .prefix("billing")
+///     .command_timeout(Duration::from_millis(500))
+///     .eviction_check(EvictionCheck::Refuse)
+///     .build()?;
+/// # let _ = store;
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct RedisStoreBuilder {
+    source: Result<(Source, Option<PubSubSource>), ConfigError>,
+    notifications: Option<redis::Client>,
+    prefix: String,
+    fence_retention: Duration,
+    command_timeout: Duration,
+    wait_replicas: Option<(u32, Duration, ReplicaShortfall)>,
+    eviction_check: EvictionCheck,
+}
+
+impl std::fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("prefix", &self.prefix)
+            .field("fence_retention", &self.fence_retention)
+            .field("command_timeout", &self.command_timeout)
+            .field("wait_replicas", &self.wait_replicas)
+            .field("eviction_check", &self.eviction_check)
+            .finish_non_exhaustive()
+    }
+}
+
 impl RedisStore {
-    /// A store over an existing pool. Waiters poll unless you add
-    /// [`with_notifications`](RedisStore::with_notifications).
-    pub fn new(pool: deadpool_redis::Pool) -> Self {
-        Self::with_source(Source::Pool(pool))
+    /// A builder for a store on the `redis://` (or `rediss://`, `unix://`)
+    /// URL, with release notifications over a pub/sub connection to the
+    /// same server. A URL that does not parse is reported by `build`.
+    pub fn builder(url: &str) -> RedisStoreBuilder {
+        let config_err = |e: &dyn std::fmt::Display| ConfigError::new("url", format!("{e}"));
+        let source = redis::Client::open(url)
+            .map_err(|e| config_err(&e))
+            .and_then(|client| {
+                let pool = deadpool_redis::Config::from_url(url)
+                    .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                    .map_err(|e| config_err(&e))?;
+                Ok((
+                    Source::Pool(pool),
+                    Some(PubSubSource::Client(Box::new(client))),
+                ))
+            });
+        RedisStoreBuilder::over(source)
     }
 
-    pub(super) fn with_source(source: Source) -> Self {
+    /// A builder for a store over an existing pool. Waiters poll unless you
+    /// add [`notifications`](RedisStoreBuilder::notifications).
+    pub fn pool_builder(pool: deadpool_redis::Pool) -> RedisStoreBuilder {
+        RedisStoreBuilder::over(Ok((Source::Pool(pool), None)))
+    }
+
+    /// A store with the defaults on a `redis://` (or `rediss://`,
+    /// `unix://`) URL, with release notifications: `builder(url).build()`.
+    /// Connects lazily: this does no I/O.
+    pub fn from_url(url: &str) -> Result<Self, ConfigError> {
+        Self::builder(url).build()
+    }
+
+    /// A store with the defaults over an existing pool, without release
+    /// notifications (waiters poll).
+    pub fn new(pool: deadpool_redis::Pool) -> Self {
+        Self::from_parts(Source::Pool(pool), None, Settings::default())
+    }
+
+    fn from_parts(source: Source, pubsub: Option<PubSubSource>, s: Settings) -> Self {
         RedisStore {
             inner: Arc::new(Inner {
                 source,
                 conn: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
-                prefix: DEFAULT_PREFIX.to_owned(),
-                fence_retention_ms: DEFAULT_FENCE_RETENTION.as_millis() as u64,
-                timeout: DEFAULT_TIMEOUT,
-                pubsub: None,
-                wait_replicas: None,
+                prefix: s.prefix,
+                fence_retention_ms: ms(s.fence_retention),
+                timeout: s.command_timeout,
+                pubsub,
+                wait_replicas: s.wait_replicas,
                 wait_conns: Mutex::default(),
                 notifier: OnceLock::new(),
-                eviction_check: EvictionCheck::default(),
+                eviction_check: s.eviction_check,
                 eviction_reported: Mutex::default(),
             }),
         }
     }
+}
 
-    /// A store on the primary that a set of Sentinels names for
-    /// `master_name`, with release notifications. Connections are resolved
-    /// through the Sentinels and re-resolved when one breaks, so new grants
-    /// follow a failover; a holder whose renewals then find no key (the
-    /// grant was not replicated) is told its lock is lost.
-    ///
-    /// Consider [`with_wait_replicas`](RedisStore::with_wait_replicas) to
-    /// A store for a `redis://` (or `rediss://`, `unix://`) URL, with release
-    /// notifications. Connects lazily: this does no I/O.
-    pub fn from_url(url: &str) -> Result<Self, Error> {
-        let config_err =
-            |e: &dyn std::fmt::Display| Error::Config(ConfigError::new("url", format!("{e}")));
-        let client = redis::Client::open(url).map_err(|e| config_err(&e))?;
-        let pool = deadpool_redis::Config::from_url(url)
-            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-            .map_err(|e| config_err(&e))?;
-        Ok(Self::new(pool).with_notifications(client))
+/// The checked settings of a store.
+struct Settings {
+    prefix: String,
+    fence_retention: Duration,
+    command_timeout: Duration,
+    wait_replicas: Option<WaitReplicas>,
+    eviction_check: EvictionCheck,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            prefix: DEFAULT_PREFIX.to_owned(),
+            fence_retention: DEFAULT_FENCE_RETENTION,
+            command_timeout: DEFAULT_TIMEOUT,
+            wait_replicas: None,
+            eviction_check: EvictionCheck::default(),
+        }
+    }
+}
+
+impl RedisStoreBuilder {
+    pub(super) fn over(source: Result<(Source, Option<PubSubSource>), ConfigError>) -> Self {
+        let d = Settings::default();
+        RedisStoreBuilder {
+            source,
+            notifications: None,
+            prefix: d.prefix,
+            fence_retention: d.fence_retention,
+            command_timeout: d.command_timeout,
+            wait_replicas: None,
+            eviction_check: d.eviction_check,
+        }
     }
 
     /// Uses `client` for one shared pub/sub connection that wakes waiters as
-    /// soon as a lock is released.
-    ///
-    /// A [cluster](RedisStore::cluster) store keeps its own notifications
-    /// (sharded, from the nodes that own the locks) and ignores this, with a
-    /// warning: a plain subscription on one node would miss its releases.
-    pub fn with_notifications(mut self, client: redis::Client) -> Self {
-        if self.inner.source.is_cluster() {
-            tracing::warn!(
-                "with_notifications is ignored on a cluster store: it is notified by sharded pub/sub"
-            );
-            return self;
-        }
-        self.inner_mut().pubsub = Some(PubSubSource::Client(Box::new(client)));
+    /// soon as a lock is released (a store from a URL or Sentinels has one
+    /// already). A cluster store is notified by sharded pub/sub from the
+    /// nodes that own the locks: `build` refuses this setting there.
+    pub fn notifications(mut self, client: redis::Client) -> Self {
+        self.notifications = Some(client);
         self
     }
 
     /// Prefix of every key and channel (default `trl`): 1 to 64 bytes of
     /// `A-Z a-z 0-9 _ - . / :`.
-    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, ConfigError> {
-        validate_name(prefix, true).map_err(|e| ConfigError::new("prefix", e.to_string()))?;
-        self.inner_mut().prefix = prefix.to_owned();
-        Ok(self)
+    pub fn prefix(mut self, prefix: &str) -> Self {
+        prefix.clone_into(&mut self.prefix);
+        self
     }
 
     /// How long a bucket's fencing counter outlives the last grant of its
-    /// bucket (default 1 h, at least 1 s, at most 100 years). Tokens stay strictly increasing after it lapses because
-    /// they never fall below Redis `TIME` in µs; the counter only guards
-    /// against the server clock stepping back within the retention.
-    pub fn with_fence_retention(mut self, retention: Duration) -> Result<Self, ConfigError> {
-        if retention < Duration::from_secs(1) {
+    /// bucket (default 1 h, at least 1 s, at most 100 years). Tokens stay
+    /// strictly increasing after it lapses because they never fall below
+    /// Redis `TIME` in µs; the counter only guards against the server clock
+    /// stepping back within the retention.
+    pub fn fence_retention(mut self, retention: Duration) -> Self {
+        self.fence_retention = retention;
+        self
+    }
+
+    /// Upper bound on each call to Redis, connection included (default 2 s,
+    /// at least 1 ms, at most 1 h).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// After each grant, `WAIT` until `replicas` replicas have the write or
+    /// `timeout` passes; on a shortfall, [`ReplicaShortfall::Fail`] releases
+    /// and fails the acquire. Shrinks (does not close) the window in which a
+    /// failover to a replica that missed the grant lets a second holder in.
+    /// `WAIT` runs on a connection of its own (kept for reuse), so the
+    /// other commands of the store, renewals included, never queue behind
+    /// it. At least one replica; the timeout above 0 and below the command
+    /// timeout; not on a cluster store.
+    pub fn wait_replicas(
+        mut self,
+        replicas: u32,
+        timeout: Duration,
+        on_shortfall: ReplicaShortfall,
+    ) -> Self {
+        self.wait_replicas = Some((replicas, timeout, on_shortfall));
+        self
+    }
+
+    /// What to do on a server whose `maxmemory-policy` can evict locks (see
+    /// [`EvictionCheck`]; default [`EvictionCheck::Log`]).
+    pub fn eviction_check(mut self, check: EvictionCheck) -> Self {
+        self.eviction_check = check;
+        self
+    }
+
+    /// Checks every setting and makes the store. Does no I/O: the store
+    /// connects on its first call.
+    pub fn build(self) -> Result<RedisStore, ConfigError> {
+        let (source, mut pubsub) = self.source?;
+        validate_name(&self.prefix, true).map_err(|e| ConfigError::new("prefix", e.to_string()))?;
+        if self.fence_retention < Duration::from_secs(1) {
             return Err(ConfigError::new("fence_retention", "must be at least 1 s"));
         }
-        if retention > MAX_PX {
+        if self.fence_retention > MAX_PX {
             return Err(ConfigError::new(
                 "fence_retention",
                 "must be at most 100 years (Redis refuses longer expiries)",
             ));
         }
-        self.inner_mut().fence_retention_ms = ms(retention);
-        Ok(self)
-    }
-
-    /// Upper bound on each call to Redis, connection included (default 2 s,
-    /// at least 1 ms, at most 1 h).
-    pub fn with_command_timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
-        if timeout < Duration::from_millis(1) {
+        if self.command_timeout < Duration::from_millis(1) {
             return Err(ConfigError::new("command_timeout", "must be at least 1 ms"));
         }
-        if timeout > MAX_COMMAND_TIMEOUT {
+        if self.command_timeout > MAX_COMMAND_TIMEOUT {
             return Err(ConfigError::new("command_timeout", "must be at most 1 h"));
         }
-        self.inner_mut().timeout = timeout;
-        Ok(self)
-    }
-
-    // Builder methods run before the store is shared.
-    pub(super) fn inner_mut(&mut self) -> &mut Inner {
-        if Arc::get_mut(&mut self.inner).is_none() {
-            // A clone exists: detach this handle with its own state.
-            let i = &self.inner;
-            self.inner = Arc::new(Inner {
-                source: i.source.clone(),
-                conn: Mutex::new(None),
-                connecting: tokio::sync::Mutex::new(()),
-                prefix: i.prefix.clone(),
-                fence_retention_ms: i.fence_retention_ms,
-                timeout: i.timeout,
-                pubsub: i.pubsub.clone(),
-                wait_replicas: i.wait_replicas,
-                wait_conns: Mutex::default(),
-                notifier: OnceLock::new(),
-                eviction_check: i.eviction_check,
-                eviction_reported: Mutex::default(),
-            });
+        let wait_replicas = match self.wait_replicas {
+            None => None,
+            Some((replicas, timeout, on_shortfall)) => {
+                if replicas == 0 {
+                    return Err(ConfigError::new("wait_replicas", "must be at least 1"));
+                }
+                if source.is_cluster() {
+                    return Err(ConfigError::new(
+                        "wait_replicas",
+                        "not supported on a cluster store (WAIT is per node)",
+                    ));
+                }
+                if timeout.is_zero() || timeout >= self.command_timeout {
+                    return Err(ConfigError::new(
+                        "wait_replicas",
+                        "the timeout must be above 0 and below the command timeout",
+                    ));
+                }
+                Some(WaitReplicas::new(replicas, timeout, on_shortfall))
+            }
+        };
+        if let Some(client) = self.notifications {
+            if source.is_cluster() {
+                return Err(ConfigError::new(
+                    "notifications",
+                    "a cluster store is notified by sharded pub/sub from the nodes that own \
+                     the locks; a plain subscription on one node would miss their releases",
+                ));
+            }
+            pubsub = Some(PubSubSource::Client(Box::new(client)));
         }
-        Arc::get_mut(&mut self.inner).unwrap_or_else(|| unreachable!("just detached"))
+        let settings = Settings {
+            prefix: self.prefix,
+            fence_retention: self.fence_retention,
+            command_timeout: self.command_timeout,
+            wait_replicas,
+            eviction_check: self.eviction_check,
+        };
+        Ok(RedisStore::from_parts(source, pubsub, settings))
     }
 }
