@@ -30,7 +30,7 @@ pub use layer::idempotency::Record;
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use layer::{
     Fingerprint, Idempotency, KeyFrom, Lock, LockLayer, LockLayerBuilder, MissingLockGuard,
-    OnLockLost, OnMissingKey, OnStoreError,
+    OnLockLost, OnMissingKey, OnStoreError, Problem,
 };
 pub use store::BoxStore;
 pub use store::{

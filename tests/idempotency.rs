@@ -200,6 +200,7 @@ fn idempotent_app<St: LockStore + Clone>(
         ..Handler::default()
     });
     let layer = LockLayer::builder(Locker::new(b.store.clone()), KeyFrom::header(KEY_HEADER))
+        .expose_lock_key(true)
         .namespace(ns)
         .idempotent(idem)
         .build()

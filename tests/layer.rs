@@ -236,7 +236,8 @@ async fn a_json_pointer_key_reads_the_body_and_hands_the_same_bytes_on() {
 /// `/a/{id}` waits at the gate, `/b/{id}` answers at once; one layer.
 fn two_routes(namespace: Option<&str>, gate: Gate) -> Router {
     let mut builder =
-        LockLayer::builder(Locker::new(MemoryStore::new()), KeyFrom::path_param("id"));
+        LockLayer::builder(Locker::new(MemoryStore::new()), KeyFrom::path_param("id"))
+            .expose_lock_key(true);
     if let Some(ns) = namespace {
         builder = builder.namespace(ns);
     }
@@ -607,6 +608,7 @@ async fn losing_the_lock_aborts_the_handler_with_503_when_asked() {
         .layer(
             LockLayer::builder(locker, KeyFrom::path_param("id"))
                 .namespace("jobs")
+                .expose_lock_key(true)
                 .on_lock_lost(OnLockLost::Abort)
                 .build()
                 .unwrap(),
@@ -856,4 +858,134 @@ async fn a_body_digest_key_is_the_sha256_of_the_exact_bytes_handed_on_unchanged(
     )
     .await
     .problem(StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+/// The rejection hook answers every refusal of the layer — a missing key
+/// (400), contention (409) and an over-limit body (413) here — with the
+/// app's own format, given the problem the layer would have answered (the
+/// lock key included); a hook body past 64 KiB falls back to the default.
+#[tokio::test]
+async fn a_rejection_hook_shapes_every_refusal_and_the_default_names_no_key() {
+    use axum::Json;
+    use tower_redis_lock::Problem;
+
+    let (gate, mut gates) = Gate::new();
+    let app = |hook: Option<fn(&Problem) -> axum::response::Response>| {
+        let gate = gate.clone();
+        let mut b = LockLayer::builder(Locker::new(MemoryStore::new()), KeyFrom::path_param("id"))
+            .namespace("jobs")
+            .body_limit(4);
+        if let Some(hook) = hook {
+            b = b.on_rejection(hook);
+        }
+        let held = post(move || async move {
+            gate.pass().await;
+            "done"
+        });
+        Router::new()
+            .route("/jobs/{id}", held.route_layer(b.build().unwrap()))
+            .route(
+                "/nokey",
+                post(|| async { "unreachable" }).route_layer(
+                    LockLayer::builder(
+                        Locker::new(MemoryStore::new()),
+                        KeyFrom::header(HeaderName::from_static("x-id")),
+                    )
+                    .namespace("n")
+                    .on_rejection(|p: &Problem| {
+                        (p.status(), Json(serde_json::json!({ "error": p.detail() })))
+                    })
+                    .build()
+                    .unwrap(),
+                ),
+            )
+            .route(
+                "/big/{id}",
+                post(|| async { "unreachable" }).route_layer(
+                    LockLayer::builder(
+                        Locker::new(MemoryStore::new()),
+                        KeyFrom::json_pointer("/id"),
+                    )
+                    .namespace("big")
+                    .body_limit(4)
+                    .on_rejection(|p: &Problem| {
+                        (p.status(), Json(serde_json::json!({ "error": p.detail() })))
+                    })
+                    .build()
+                    .unwrap(),
+                ),
+            )
+    };
+    fn ours(p: &Problem) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let mut res = (
+            p.status(),
+            Json(serde_json::json!({
+                "error": p.detail(),
+                "key": p.lock_key(),
+                "retry_after_s": p.retry_after().map(|d| d.as_secs_f64().ceil() as u64),
+            })),
+        )
+            .into_response();
+        res.headers_mut()
+            .insert("x-ours", http::HeaderValue::from_static("1"));
+        res
+    }
+    fn huge(p: &Problem) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        (p.status(), "x".repeat(65 * 1024)).into_response()
+    }
+
+    // Contention, with the hook: the app's JSON, the status kept, the key
+    // given to the hook.
+    let with_hook = app(Some(ours));
+    let holder = spawn_send(&with_hook, post_to("/jobs/1"));
+    let let_go = gates.started().await;
+    let r = send(&with_hook, post_to("/jobs/1")).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{r:?}");
+    assert_eq!(r.headers["x-ours"], "1");
+    assert_eq!(r.headers[CONTENT_TYPE], "application/json");
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["key"], "jobs:1", "{v}");
+    assert!(v["retry_after_s"].as_u64().unwrap() >= 1, "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("another request"),
+        "{v}"
+    );
+
+    // Without a hook: the default problem, which names no key.
+    let plain = app(None);
+    let_go.send(()).unwrap();
+    assert_eq!(join(holder).await.status, StatusCode::OK);
+    let holder = spawn_send(&plain, post_to("/jobs/2"));
+    let let_go = gates.started().await;
+    let r = send(&plain, post_to("/jobs/2")).await;
+    let p = r.problem(StatusCode::CONFLICT);
+    assert_eq!(p.get("lock_key"), None, "{p}");
+    assert!(!p["detail"].as_str().unwrap().contains("jobs"), "{p}");
+    assert!(r.retry_after() >= 1);
+
+    // A hook body over 64 KiB: the default answer instead.
+    let too_big = app(Some(huge));
+    let holder2 = spawn_send(&too_big, post_to("/jobs/3"));
+    let let_go2 = gates.started().await;
+    let r = send(&too_big, post_to("/jobs/3")).await;
+    r.problem(StatusCode::CONFLICT);
+    let_go.send(()).unwrap();
+    let_go2.send(()).unwrap();
+    assert_eq!(join(holder).await.status, StatusCode::OK);
+    assert_eq!(join(holder2).await.status, StatusCode::OK);
+
+    // A missing key (400) and a body over the limit (413) through hooks.
+    let r = send(&plain, post_to("/nokey")).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{r:?}");
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert!(v["error"].as_str().unwrap().contains("no lock key"), "{v}");
+    let big = Request::post("/big/1")
+        .header(CONTENT_TYPE, "application/json")
+        .body(Body::from(r#"{"id":"abcdef"}"#))
+        .unwrap();
+    let r = send(&plain, big).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{r:?}");
+    assert_eq!(r.headers[CONTENT_TYPE], "application/json");
 }

@@ -784,6 +784,23 @@ async fn the_longest_retention_stores_in_redis() {
     assert!(replayed(&call(&app, keyed("/r", "k")).await.headers));
 }
 
+/// The default retention outlasts the flagship senders' retries: Stripe
+/// retries for 3 days, GitHub redelivers the last 3 days.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_record_outlasts_three_days_of_retries() {
+    let (store, server) = redis();
+    let layer = LockLayer::builder(Locker::new(store.clone()), KeyFrom::header(KEY_HEADER))
+        .namespace("ret")
+        .idempotent(Idempotency::new())
+        .build()
+        .unwrap();
+    let app = Router::new().route("/r", post(|| async { "ok" }).route_layer(layer));
+    assert_eq!(call(&app, keyed("/r", "d")).await.status, StatusCode::OK);
+    let key = store.record_key(&LockKey::new("ret", "d").unwrap());
+    let ttl = server.cmd(&["PTTL", &key]).as_int().unwrap();
+    assert!(ttl > 3 * 24 * 3600 * 1000, "record TTL {ttl} ms");
+}
+
 // ---------------------------------------------------------------------------
 // Re-entry: the extra hold is given back on error and on drop
 // ---------------------------------------------------------------------------

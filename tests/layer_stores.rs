@@ -249,7 +249,9 @@ async fn contention_answers_409_or_423_with_retry_after_and_the_handler_does_not
             .wait_timeout(wait)
             .build()
             .unwrap();
-        let mut builder = LockLayer::builder(locker, KeyFrom::path_param("id")).namespace(ns);
+        let mut builder = LockLayer::builder(locker, KeyFrom::path_param("id"))
+            .namespace(ns)
+            .expose_lock_key(true);
         if let Some(status) = status {
             builder = builder.contention_status(status);
         }
@@ -581,6 +583,7 @@ fn losing_locker<St: LockStore>(store: St) -> Locker<St> {
 
 async fn a_lost_lock_aborts_the_handler_with_503_when_asked<St: LockStore + Clone>(store: St) {
     let layer = LockLayer::builder(losing_locker(store.clone()), KeyFrom::path_param("id"))
+        .expose_lock_key(true)
         .namespace("lost-abort")
         .on_lock_lost(OnLockLost::Abort)
         .build()
@@ -645,6 +648,7 @@ fn idempotent_app<St: LockStore>(
         }
     };
     let layer = LockLayer::builder(locker, KeyFrom::path_param("id"))
+        .expose_lock_key(true)
         .namespace(ns)
         .idempotent(Idempotency::new())
         .build()

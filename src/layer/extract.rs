@@ -60,7 +60,6 @@ impl std::error::Error for MissingLockGuard {}
 impl IntoResponse for MissingLockGuard {
     fn into_response(self) -> Response {
         tracing::error!("{self}");
-        let p = Problem::new(StatusCode::INTERNAL_SERVER_ERROR, self.to_string());
-        p.response(axum::body::Body::from(p.body()))
+        Problem::new(StatusCode::INTERNAL_SERVER_ERROR, self.to_string()).into_response()
     }
 }

@@ -15,8 +15,11 @@ pub use record::Record;
 /// Header set on replayed responses.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// Default retention of completed records: 24 hours.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// Default retention of completed records: 4 days. Stripe retries a
+/// delivery for up to 3 days, and GitHub lets you redeliver the last 3 days;
+/// a duplicate must still find its record then, so the default covers both
+/// with a day to spare.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(4 * 24 * 3600);
 /// Default largest response body stored for replay: 256 KiB.
 pub const DEFAULT_MAX_STORED_BODY: usize = 256 << 10;
 /// Longest retention of completed records [`Idempotency::retention`]
@@ -103,7 +106,7 @@ fn default_store_when(status: StatusCode) -> bool {
 }
 
 impl Idempotency {
-    /// The defaults: 24 h retention, bodies up to 256 KiB, representation
+    /// The defaults: 4 days' retention ([`DEFAULT_RETENTION`]), bodies up to 256 KiB, representation
     /// headers and trailers replayed, body fingerprint.
     pub fn new() -> Self {
         Self::default()

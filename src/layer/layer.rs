@@ -6,8 +6,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use http::{HeaderName, StatusCode};
 use tower_layer::Layer;
 
+use axum::response::{IntoResponse, Response};
+
 use super::idempotency::Idempotency;
 use super::key::KeyFrom;
+use super::problem::Problem;
 use super::service::Lock;
 use crate::error::ConfigError;
 use crate::key::validate_name;
@@ -56,6 +59,10 @@ pub enum OnMissingKey {
     PassThrough,
 }
 
+/// A user's answer to a refused request (see
+/// [`LockLayerBuilder::on_rejection`]).
+pub(crate) type RejectionHook = Arc<dyn Fn(&Problem) -> Response + Send + Sync>;
+
 /// Settings shared by every clone of the service.
 pub(crate) struct Config<St> {
     pub(crate) locker: Locker<St>,
@@ -69,6 +76,8 @@ pub(crate) struct Config<St> {
     pub(crate) on_missing_key: OnMissingKey,
     pub(crate) hold_until_body_end: bool,
     pub(crate) idempotency: Option<Idempotency>,
+    pub(crate) expose_lock_key: bool,
+    pub(crate) on_rejection: Option<RejectionHook>,
     /// Whether a misplacement of this layer was logged (once per layer).
     pub(crate) misplaced_logged: AtomicBool,
 }
@@ -152,6 +161,8 @@ impl<St> std::fmt::Debug for LockLayer<St> {
             .field("on_missing_key", &c.on_missing_key)
             .field("hold_until_body_end", &c.hold_until_body_end)
             .field("idempotency", &c.idempotency)
+            .field("expose_lock_key", &c.expose_lock_key)
+            .field("on_rejection", &c.on_rejection.as_ref().map(|_| ".."))
             .finish()
     }
 }
@@ -186,6 +197,8 @@ impl<St: LockStore> LockLayer<St> {
                 on_missing_key: OnMissingKey::default(),
                 hold_until_body_end: false,
                 idempotency: None,
+                expose_lock_key: false,
+                on_rejection: None,
                 misplaced_logged: AtomicBool::new(false),
             },
         }
@@ -296,6 +309,51 @@ impl<St: LockStore> LockLayerBuilder<St> {
     /// senders such as GitHub that do not retry by themselves).
     pub fn idempotent(mut self, idempotency: Idempotency) -> Self {
         self.config.idempotency = Some(idempotency);
+        self
+    }
+
+    /// Answers every request the layer refuses (400, 409/423, 413, 422,
+    /// 500, 503…) with `hook`'s response instead of the default
+    /// `application/problem+json` one, so that a route's own errors and the
+    /// lock's come out in one format. The hook gets the [`Problem`] the
+    /// layer would have answered: status, detail, `Retry-After` and the lock
+    /// key (for logs or a body of your own). Keep the status and
+    /// `Retry-After` unless you mean to change what clients do. The hook's
+    /// body is read whole before it is sent (at most 64 KiB; a longer or
+    /// failing one is replaced by the default answer, with an error log).
+    ///
+    /// ```
+    /// use axum::{Json, Router, routing::post};
+    /// use tower_redis_lock::{KeyFrom, LockLayer, Locker, MemoryStore, Problem};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = LockLayer::builder(Locker::new(MemoryStore::new()), KeyFrom::path_param("id"))
+    ///     .namespace("orders")
+    ///     .on_rejection(|p: &Problem| {
+    ///         (p.status(), Json(serde_json::json!({ "error": p.detail() })))
+    ///     })
+    ///     .build()?;
+    /// let app: Router = Router::new().route("/orders/{id}", post(|| async { "ok" }).route_layer(layer));
+    /// # let _ = app;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn on_rejection<F, R>(mut self, hook: F) -> Self
+    where
+        F: Fn(&Problem) -> R + Send + Sync + 'static,
+        R: IntoResponse,
+    {
+        self.config.on_rejection = Some(Arc::new(move |p| hook(p).into_response()));
+        self
+    }
+
+    /// Puts the lock key (`namespace:id`, in its log-safe form) in the
+    /// default problem body as `lock_key` (default: off). The key names the
+    /// namespace (by default the route template) and the id as the server
+    /// spells them; useful while debugging a client, not something to show
+    /// every client. It is always in the layer's logs.
+    pub fn expose_lock_key(mut self, expose: bool) -> Self {
+        self.config.expose_lock_key = expose;
         self
     }
 

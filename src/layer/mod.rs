@@ -50,5 +50,5 @@ pub use layer::{
     DEFAULT_BODY_LIMIT, FENCING_TOKEN, LockLayer, LockLayerBuilder, OnLockLost, OnMissingKey,
     OnStoreError,
 };
-pub use problem::PROBLEM_JSON;
+pub use problem::{PROBLEM_JSON, Problem};
 pub use service::Lock;

@@ -11,18 +11,42 @@ use crate::Error;
 /// Media type of every error body the layer writes.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
-/// One problem answer: status, a human `detail`, the lock key (log-safe form)
-/// and an optional `Retry-After`.
+/// An RFC 9457 `application/problem+json` answer: what the lock layer
+/// refuses a request with, and a type your own handlers can answer with, so
+/// that a route's 400s and 409s come out in one format.
+///
+/// The body has `type` (`about:blank`), `title` (the status' reason),
+/// `status` and `detail`, and a `Retry-After` header goes with it when
+/// [`retry_after`](Problem::retry_after) is set. The lock key is kept for
+/// logs and for a [rejection hook](super::LockLayerBuilder::on_rejection)
+/// but is not in the default body: the body tells a client what to do, not
+/// how the server names its locks (see
+/// [`expose_lock_key`](super::LockLayerBuilder::expose_lock_key)).
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::response::IntoResponse;
+/// use http::StatusCode;
+/// use tower_redis_lock::Problem;
+///
+/// let res = Problem::new(StatusCode::CONFLICT, "the order is already being captured")
+///     .with_retry_after(Duration::from_secs(2))
+///     .into_response();
+/// assert_eq!(res.status(), StatusCode::CONFLICT);
+/// assert_eq!(res.headers()["content-type"], "application/problem+json");
+/// assert_eq!(res.headers()["retry-after"], "2");
+/// ```
 #[derive(Debug, Clone)]
-pub(crate) struct Problem {
-    pub(crate) status: StatusCode,
-    pub(crate) detail: String,
-    pub(crate) key: Option<String>,
-    pub(crate) retry_after: Option<Duration>,
+pub struct Problem {
+    status: StatusCode,
+    detail: String,
+    key: Option<String>,
+    retry_after: Option<Duration>,
 }
 
 impl Problem {
-    pub(crate) fn new(status: StatusCode, detail: impl Into<String>) -> Self {
+    /// A problem with this status and human-readable `detail`.
+    pub fn new(status: StatusCode, detail: impl Into<String>) -> Self {
         Problem {
             status,
             detail: detail.into(),
@@ -31,19 +55,54 @@ impl Problem {
         }
     }
 
+    /// Adds a `Retry-After` (whole seconds, rounded up, at least 1).
+    pub fn with_retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    /// The status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The human-readable explanation.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// When the client may retry, if the problem says.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The lock key concerned (its log-safe form), when the layer had
+    /// one: contention, a store failure, a lost lock, a replay refused.
+    pub fn lock_key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
     pub(crate) fn key(mut self, key: Option<&crate::LockKey>) -> Self {
         self.key = key.map(|k| k.to_string());
         self
     }
 
     /// The answer for an engine error. Store failures get a generic detail:
-    /// what failed is logged, not told to the client.
+    /// what failed is logged, not told to the client; nor is the lock key
+    /// or how long another request still holds it (beyond `Retry-After`).
     pub(crate) fn from_error(e: &Error, contention: StatusCode) -> Self {
         let status = match e {
             Error::Contended { .. } | Error::WaitTimeout { .. } => contention,
             _ => e.status(),
         };
         let detail = match e {
+            Error::Contended { .. } => {
+                "another request holds the lock on this resource; retry later".to_owned()
+            }
+            Error::WaitTimeout { .. } => {
+                "another request held the lock on this resource for the whole wait; retry later"
+                    .to_owned()
+            }
             Error::Unavailable { .. } | Error::Auth { .. } => {
                 "the lock service is unavailable; retry later".to_owned()
             }
@@ -52,6 +111,9 @@ impl Problem {
                     .to_owned()
             }
             Error::Config(_) => "the lock layer is misconfigured".to_owned(),
+            Error::Record { .. } => {
+                "the stored outcome of this request cannot be read by this server".to_owned()
+            }
             other => other.to_string(),
         };
         let mut p = Problem::new(status, detail).key(e.key());
@@ -65,14 +127,15 @@ impl Problem {
         p
     }
 
-    pub(crate) fn body(&self) -> Bytes {
+    /// The JSON body; with the `lock_key` member when `with_key`.
+    pub(crate) fn body(&self, with_key: bool) -> Bytes {
         let mut v = serde_json::json!({
             "type": "about:blank",
             "title": self.status.canonical_reason().unwrap_or("Error"),
             "status": self.status.as_u16(),
             "detail": self.detail,
         });
-        if let (Some(key), Some(obj)) = (&self.key, v.as_object_mut()) {
+        if let (true, Some(key), Some(obj)) = (with_key, &self.key, v.as_object_mut()) {
             obj.insert("lock_key".into(), key.clone().into());
         }
         Bytes::from(v.to_string())
@@ -90,6 +153,12 @@ impl Problem {
             h.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
         }
         res
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        self.response(axum::body::Body::from(self.body(false)))
     }
 }
 
@@ -115,8 +184,7 @@ impl Error {
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        let p = Problem::from_error(&self, StatusCode::CONFLICT);
-        p.response(axum::body::Body::from(p.body()))
+        Problem::from_error(&self, StatusCode::CONFLICT).into_response()
     }
 }
 
@@ -136,15 +204,19 @@ mod tests {
         assert_eq!(res.status(), StatusCode::LOCKED);
         assert_eq!(res.headers()[header::RETRY_AFTER], "2");
         assert_eq!(res.headers()[header::CONTENT_TYPE], PROBLEM_JSON);
-        let body: serde_json::Value = serde_json::from_slice(&p.body()).unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&p.body(false)).unwrap();
         assert_eq!(body["status"], 423);
-        assert_eq!(body["lock_key"], "ns:k");
+        assert_eq!(body.get("lock_key"), None, "the default body names no key");
+        assert!(!body["detail"].as_str().unwrap().contains("ns:k"), "{body}");
         assert!(
             body["detail"]
                 .as_str()
                 .unwrap()
-                .contains("held by another owner")
+                .contains("another request holds the lock")
         );
+        let body: serde_json::Value = serde_json::from_slice(&p.body(true)).unwrap();
+        assert_eq!(body["lock_key"], "ns:k");
+        assert_eq!(p.lock_key(), Some("ns:k"));
     }
 
     #[test]
@@ -156,7 +228,7 @@ mod tests {
         };
         let p = Problem::from_error(&e, StatusCode::CONFLICT);
         assert_eq!(p.status, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(!String::from_utf8_lossy(&p.body()).contains("WRONGPASS"));
+        assert!(!String::from_utf8_lossy(&p.body(true)).contains("WRONGPASS"));
         assert_eq!(p.response(()).headers()[header::RETRY_AFTER], "1");
     }
 }

@@ -96,13 +96,52 @@ where
         // in its place. See https://docs.rs/tower/latest/tower/trait.Service.html#be-careful-when-cloning-inner-services
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(handle(self.config.clone(), inner, req))
+        let config = self.config.clone();
+        ResponseFuture::new(async move {
+            let res = handle(config.clone(), inner, req).await?;
+            Ok(shape(&config, res).await)
+        })
     }
 }
 
+/// Marks a refusal of the layer's own, for [`shape`].
+#[derive(Clone)]
+struct Refused(Problem);
+
+/// A refusal's default answer; [`shape`] gives it its final form.
 fn problem<B>(p: Problem) -> Response<ResponseBody<B>> {
-    let body = p.body();
-    p.response(ResponseBody::full(body))
+    let mut res = p.response(ResponseBody::full(p.body(false)));
+    res.extensions_mut().insert(Refused(p));
+    res
+}
+
+/// Largest body of a rejection hook's answer.
+const MAX_HOOK_BODY: usize = 64 << 10;
+
+/// Every refusal passes here: the user's rejection hook, or the default
+/// problem body (with the lock key if the layer exposes it).
+async fn shape<St, B>(
+    c: &Config<St>,
+    mut res: Response<ResponseBody<B>>,
+) -> Response<ResponseBody<B>> {
+    let Some(Refused(p)) = res.extensions_mut().remove::<Refused>() else {
+        return res;
+    };
+    if let Some(hook) = &c.on_rejection {
+        let (parts, body) = hook(&p).into_parts();
+        match axum::body::to_bytes(body, MAX_HOOK_BODY).await {
+            Ok(bytes) => return Response::from_parts(parts, ResponseBody::full(bytes)),
+            Err(e) => tracing::error!(
+                error = %e,
+                "the lock layer's rejection hook gave a body that failed or is over 64 KiB; \
+                 answering the default problem instead"
+            ),
+        }
+    }
+    if c.expose_lock_key && p.lock_key().is_some() {
+        return p.response(ResponseBody::full(p.body(true)));
+    }
+    res
 }
 
 async fn run_unlocked<S, ReqBody, ResBody>(
@@ -374,9 +413,9 @@ fn too_large(limit: usize) -> Problem {
 pub(super) fn reject<B>(p: Problem, key: Option<&LockKey>) -> Response<ResponseBody<B>> {
     let p = if key.is_some() { p.key(key) } else { p };
     tracing::info!(
-        status = p.status.as_u16(),
-        key = p.key.as_deref().unwrap_or("-"),
-        detail = %p.detail,
+        status = p.status().as_u16(),
+        key = p.lock_key().unwrap_or("-"),
+        detail = %p.detail(),
         "request refused by the lock layer"
     );
     problem(p)

@@ -71,7 +71,9 @@ impl redis::ToRedisArgs for Name<'_> {
 }
 
 impl RedisStore {
-    /// The Redis key that holds `key`'s lock.
+    /// The Redis key that holds `key`'s lock. A test hook (README's "Key
+    /// layout" documents the names), not part of the stable API.
+    #[doc(hidden)]
     pub fn lock_key(&self, key: &LockKey) -> String {
         self.name(key, LOCK).to_string()
     }
@@ -82,7 +84,9 @@ impl RedisStore {
         self.name(key, FENCE).to_string()
     }
 
-    /// The Redis key that holds `key`'s completed record.
+    /// The Redis key that holds `key`'s completed record. A test hook, not
+    /// part of the stable API.
+    #[doc(hidden)]
     pub fn record_key(&self, key: &LockKey) -> String {
         self.name(key, RECORD).to_string()
     }
