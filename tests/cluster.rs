@@ -230,7 +230,7 @@ async fn release_and_finish_wake_waiters_by_sharded_notification_on_every_primar
     let holders = locker(&cluster, 120_000, 0);
     let waiters = notified_locker(&cluster);
     let mut record = Record::new(http::StatusCode::CREATED);
-    record.body = bytes::Bytes::from_static(b"done");
+    record = record.with_body(bytes::Bytes::from_static(b"done"));
     for node in 0..cluster.nodes.len() {
         let owner = &cluster.nodes[node];
         for finish in [false, true] {

@@ -444,7 +444,7 @@ macro_rules! conformance {
                     })
                 };
                 let mut rec = tower_redis_lock::Record::new(http::StatusCode::CREATED);
-                rec.body = bytes::Bytes::from_static(b"done");
+                rec = rec.with_body(bytes::Bytes::from_static(b"done"));
                 // Finish while the duplicate waits.
                 assert!(eventually(Duration::from_secs(5), async || l.has_waiters(&k)).await);
                 assert!(

@@ -224,7 +224,7 @@ async fn finish_ends_the_lock_for_every_hold() {
     let outer = locker.acquire(&k).await.unwrap();
     let inner = outer.reenter().unwrap();
     let mut record = Record::new(StatusCode::CREATED);
-    record.body = "done".into();
+    record = record.with_body("done".into());
     assert!(
         inner
             .finish(record.encode(), Duration::from_secs(60))
@@ -240,7 +240,10 @@ async fn finish_ends_the_lock_for_every_hold() {
     {
         tower_redis_lock::Acquired::Completed(raw) => {
             let r = Record::decode(raw).unwrap();
-            assert_eq!((r.status, &r.body[..]), (StatusCode::CREATED, &b"done"[..]))
+            assert_eq!(
+                (r.status(), &r.body()[..]),
+                (StatusCode::CREATED, &b"done"[..])
+            )
         }
         other => panic!("expected the record, got {other:?}"),
     }

@@ -17,31 +17,38 @@ const HAS_FINGERPRINT: u8 = 2;
 /// The stored outcome of a completed request: what a duplicate gets instead
 /// of running the handler again.
 ///
-/// Stores keep it as an opaque blob ([`Record::encode`]); its format is
-/// versioned and checked on [`decode`](Record::decode).
+/// The lock layer writes and reads it; it is public so that code that
+/// shares keys with an idempotent layer (a job that completes an event the
+/// layer also receives, a test that inspects what was stored) can read and
+/// make one. Stores keep it as an opaque blob ([`encode`](Record::encode));
+/// the format is versioned and checked on [`decode`](Record::decode), and
+/// is this crate's own: decode what this crate encoded, do not parse it.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http::StatusCode;
+/// use tower_redis_lock::Record;
+///
+/// let record = Record::new(StatusCode::CREATED).with_body(Bytes::from_static(b"done"));
+/// let again = Record::decode(record.encode()).expect("a record this version reads");
+/// assert_eq!(again.status(), StatusCode::CREATED);
+/// assert_eq!(again.body(), &b"done"[..]);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
-    /// Response status.
-    pub status: StatusCode,
+    pub(crate) status: StatusCode,
     /// The response headers chosen for replay.
-    pub headers: Vec<(HeaderName, HeaderValue)>,
-    /// The response body, unless it was over the stored-body limit.
-    pub body: Bytes,
-    /// True when the body was over the limit and only the status and headers
-    /// were stored; a replay then has an empty body.
-    pub body_omitted: bool,
-    /// Fingerprint of the request that produced it (SHA-256 of the body by
-    /// default): a duplicate with another fingerprint is refused with 422.
-    pub fingerprint: Option<[u8; 32]>,
-    /// When it was stored, in milliseconds since the Unix epoch.
-    pub created_at_ms: u64,
-    /// The response trailers (a body's final `HEADERS` frame), replayed as
-    /// they came; empty when the response had none.
-    pub trailers: Vec<(HeaderName, HeaderValue)>,
+    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
+    pub(crate) body: Bytes,
+    pub(crate) body_omitted: bool,
+    pub(crate) fingerprint: Option<[u8; 32]>,
+    pub(crate) created_at_ms: u64,
+    pub(crate) trailers: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl Record {
-    /// A record stamped with the current time.
+    /// A record of `status` with no headers and an empty body, stamped with
+    /// the current time.
     pub fn new(status: StatusCode) -> Self {
         Record {
             status,
@@ -55,6 +62,57 @@ impl Record {
                 .unwrap_or(0),
             trailers: Vec::new(),
         }
+    }
+
+    /// The record with `body` as its response body.
+    pub fn with_body(mut self, body: Bytes) -> Self {
+        self.body = body;
+        self.body_omitted = false;
+        self
+    }
+
+    /// The record with one more response header replayed.
+    pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+
+    /// Response status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The response headers chosen for replay.
+    pub fn headers(&self) -> &[(HeaderName, HeaderValue)] {
+        &self.headers
+    }
+
+    /// The response body (empty when [`body_omitted`](Record::body_omitted)).
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// True when the body was over the stored-body limit and only the status
+    /// and headers were stored; a replay then has an empty body.
+    pub fn body_omitted(&self) -> bool {
+        self.body_omitted
+    }
+
+    /// Fingerprint of the request that produced it (SHA-256 of the body by
+    /// default): a duplicate with another fingerprint is refused with 422.
+    pub fn fingerprint(&self) -> Option<&[u8; 32]> {
+        self.fingerprint.as_ref()
+    }
+
+    /// When it was stored.
+    pub fn created_at(&self) -> SystemTime {
+        UNIX_EPOCH + std::time::Duration::from_millis(self.created_at_ms)
+    }
+
+    /// The response trailers (a body's final `HEADERS` frame), replayed as
+    /// they came; empty when the response had none.
+    pub fn trailers(&self) -> &[(HeaderName, HeaderValue)] {
+        &self.trailers
     }
 
     /// The stored form.
