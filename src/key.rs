@@ -8,9 +8,9 @@ use sha2::{Digest, Sha256};
 use crate::Error;
 
 /// Longest id kept verbatim; longer ids are hashed.
-pub const MAX_VERBATIM_ID: usize = 128;
+pub(crate) const MAX_VERBATIM_ID: usize = 128;
 /// Longest namespace accepted.
-pub const MAX_NAMESPACE: usize = 64;
+pub(crate) const MAX_NAMESPACE: usize = 64;
 
 /// The name of one lock: a namespace chosen by the developer plus an id that
 /// may come from a client (path segment, header, JSON body field).
@@ -138,7 +138,7 @@ pub(crate) fn validate_name(name: &str, colon: bool) -> Result<(), Error> {
 
 /// A valid namespace made from any `text` (a route template, say): bytes
 /// outside `A-Z a-z 0-9 _ - . /` become `_`, an empty result is `_`, and a
-/// result over [`MAX_NAMESPACE`] keeps its first 47 bytes, then `.` and 16
+/// result over 64 bytes keeps its first 47 bytes, then `.` and 16
 /// hex digits of the SHA-256 of `identity` (the whole original), so two
 /// long texts that share a beginning still get two namespaces.
 #[cfg_attr(not(feature = "axum"), allow(dead_code))]

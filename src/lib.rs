@@ -17,12 +17,10 @@ mod time;
 mod token;
 
 pub use engine::LockGuard;
-pub use engine::{
-    Acquired, DEFAULT_LEASE, DEFAULT_POLL, DEFAULT_RENEW_BATCH, DEFAULT_WAIT, Locker, LockerBuilder,
-};
+pub use engine::{Acquired, Locker, LockerBuilder};
 pub use error::{BoxError, ConfigError, Error, Operation};
 pub use fence::{FenceOutcome, FencedResource};
-pub use key::{LockKey, MAX_NAMESPACE, MAX_VERBATIM_ID};
+pub use key::LockKey;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use layer::idempotency::Record;

@@ -15,7 +15,7 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use tower_redis_lock::layer::PROBLEM_JSON;
 use tower_redis_lock::{
-    ConfigError, DEFAULT_LEASE, Idempotency, KeyFrom, LockGuard, LockLayer, LockStore, Locker,
+    ConfigError, Idempotency, KeyFrom, LockGuard, LockLayer, LockStore, Locker,
 };
 
 use super::ledger::{Applied, Ledger};
@@ -56,7 +56,7 @@ impl Default for Options {
             secret: DEFAULT_SECRET.to_owned(),
             tolerance: TOLERANCE,
             work: DEFAULT_WORK,
-            lease: DEFAULT_LEASE,
+            lease: Duration::from_secs(30),
             github_wait: GITHUB_WAIT,
             retention: RETENTION,
             before_apply: None,

@@ -89,7 +89,7 @@ impl LockGuard {
     ///
     /// [`Locker`](crate::Locker) re-enters by itself when the task that asks
     /// for a key already holds it through [`scope`](LockGuard::scope) (the
-    /// [`LockLayer`](crate::LockLayer) runs its inner service in one).
+    /// `LockLayer` (feature `axum`) runs its inner service in one).
     ///
     /// ```
     /// use tower_redis_lock::{LockKey, Locker, MemoryStore};
@@ -257,8 +257,8 @@ impl LockGuard {
     /// as [`Acquired::Completed`](crate::Acquired::Completed).
     /// `Ok(false)` (nothing stored) if we no longer owned the lock.
     ///
-    /// (The [`LockLayer`](crate::LockLayer) stores an encoded
-    /// [`Record`](crate::Record) here.)
+    /// (The `LockLayer` (feature `axum`) stores an encoded
+    /// `Record` here.)
     ///
     /// This ends the lock for every hold: other holds of a
     /// [re-entered](LockGuard::reenter) lock see `is_held() == false`.

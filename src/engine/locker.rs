@@ -21,8 +21,8 @@ pub enum Acquired {
     Locked(LockGuard),
     /// The work was done before: the bytes its holder stored with
     /// [`LockGuard::finish`], to replay. The engine never looks inside
-    /// them (the [`LockLayer`](crate::LockLayer) stores an encoded
-    /// [`Record`](crate::Record)).
+    /// them (the `LockLayer` (feature `axum`) stores an encoded
+    /// `Record`).
     Completed(Bytes),
 }
 
@@ -165,7 +165,7 @@ impl<S: LockStore> Locker<S> {
     ///
     /// Re-entry: when the calling task already holds `key` through this
     /// locker's store or a clone of it (inside [`LockGuard::scope`]; the
-    /// [`LockLayer`](crate::LockLayer) runs its inner service in one), the
+    /// `LockLayer` (feature `axum`) runs its inner service in one), the
     /// answer is one more hold on that grant, at once and with the same
     /// fencing token (see [`LockGuard::reenter`]).
     pub async fn acquire_within(&self, key: &LockKey, wait: Duration) -> Result<LockGuard, Error> {

@@ -35,4 +35,3 @@ mod watchdog;
 pub use builder::LockerBuilder;
 pub use guard::LockGuard;
 pub use locker::{Acquired, Locker};
-pub use options::{DEFAULT_LEASE, DEFAULT_POLL, DEFAULT_RENEW_BATCH, DEFAULT_WAIT};

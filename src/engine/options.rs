@@ -3,14 +3,14 @@
 use std::time::Duration;
 
 /// Default lease: 30 s, renewed every 10 s while held.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// Default wait timeout: 0, i.e. try-lock.
-pub const DEFAULT_WAIT: Duration = Duration::ZERO;
+pub(crate) const DEFAULT_WAIT: Duration = Duration::ZERO;
 /// Default cap on each poll while waiting (the release notification usually
 /// wakes a waiter long before).
-pub const DEFAULT_POLL: Duration = Duration::from_millis(250);
+pub(crate) const DEFAULT_POLL: Duration = Duration::from_millis(250);
 /// Default number of renewals per pipelined batch.
-pub const DEFAULT_RENEW_BATCH: usize = 512;
+pub(crate) const DEFAULT_RENEW_BATCH: usize = 512;
 
 /// A locker's settings.
 #[derive(Debug, Clone)]

@@ -19,9 +19,9 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// delivery for up to 3 days, and GitHub lets you redeliver the last 3 days;
 /// a duplicate must still find its record then, so the default covers both
 /// with a day to spare.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(4 * 24 * 3600);
+pub(crate) const DEFAULT_RETENTION: Duration = Duration::from_secs(4 * 24 * 3600);
 /// Default largest response body stored for replay: 256 KiB.
-pub const DEFAULT_MAX_STORED_BODY: usize = 256 << 10;
+pub(crate) const DEFAULT_MAX_STORED_BODY: usize = 256 << 10;
 /// Longest retention of completed records [`Idempotency::retention`]
 /// accepts: 365 days.
 pub const MAX_RETENTION: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -106,7 +106,8 @@ fn default_store_when(status: StatusCode) -> bool {
 }
 
 impl Idempotency {
-    /// The defaults: 4 days' retention ([`DEFAULT_RETENTION`]), bodies up to 256 KiB, representation
+    /// The defaults: 4 days' retention (Stripe retries for up to 3 days,
+    /// GitHub redelivers the last 3), bodies up to 256 KiB, representation
     /// headers and trailers replayed, body fingerprint.
     pub fn new() -> Self {
         Self::default()

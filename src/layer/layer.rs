@@ -21,7 +21,7 @@ pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
 /// Longest locker wait timeout a layer accepts (24 h).
 const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 /// Default body limit for keys read from the body: 1 MiB.
-pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
+pub(crate) const DEFAULT_BODY_LIMIT: usize = 1 << 20;
 
 /// What to do when the lock store fails (down, frozen, auth, ACL).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -41,14 +41,10 @@ mod service;
 pub use body::ResponseBody;
 pub use extract::MissingLockGuard;
 pub use future::ResponseFuture;
-pub use idempotency::{
-    DEFAULT_MAX_STORED_BODY, DEFAULT_RETENTION, Fingerprint, IDEMPOTENT_REPLAYED, Idempotency,
-    MAX_RETENTION,
-};
+pub use idempotency::{Fingerprint, IDEMPOTENT_REPLAYED, Idempotency, MAX_RETENTION};
 pub use key::KeyFrom;
 pub use layer::{
-    DEFAULT_BODY_LIMIT, FENCING_TOKEN, LockLayer, LockLayerBuilder, OnLockLost, OnMissingKey,
-    OnStoreError,
+    FENCING_TOKEN, LockLayer, LockLayerBuilder, OnLockLost, OnMissingKey, OnStoreError,
 };
 pub use problem::{PROBLEM_JSON, Problem};
 pub use service::Lock;

@@ -45,7 +45,7 @@ pub enum AcquireOutcome {
         remaining: Option<Duration>,
     },
     /// The key's work is done: its completed record (see
-    /// [`Record`](crate::Record)). Only [`LockStore::acquire_or_replay`]
+    /// the layer's `Record`). Only [`LockStore::acquire_or_replay`]
     /// answers this.
     Completed(Bytes),
 }

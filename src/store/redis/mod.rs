@@ -62,7 +62,7 @@ pub use settings::RedisStoreBuilder;
 ///   all waiters, when the store has a [`redis::Client`] for it
 ///   ([`from_url`](RedisStore::from_url) or
 ///   [`notifications`](RedisStoreBuilder::notifications)); without one,
-///   waiters poll. A [cluster](RedisStore::cluster) store always has one,
+///   waiters poll. A cluster (feature `cluster`) store always has one,
 ///   using sharded pub/sub;
 /// * every call is bounded by the command timeout (default 2 s), so a Redis
 ///   that is down or frozen gives [`Error::Unavailable`], never a hang.
