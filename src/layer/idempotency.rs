@@ -113,7 +113,8 @@ impl Idempotency {
         Self::default()
     }
 
-    /// How long a completed record answers duplicates: at least 1 s, at
+    /// How long a completed record answers duplicates (default 4 days,
+    /// beyond the 3 days of Stripe's retries and GitHub's redeliveries): at least 1 s, at
     /// most [`MAX_RETENTION`] (365 days); [`LockLayerBuilder::build`](super::LockLayerBuilder::build)
     /// refuses anything else with a `ConfigError`.
     pub fn retention(mut self, retention: Duration) -> Self {
