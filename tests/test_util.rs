@@ -24,11 +24,13 @@ fn key() -> LockKey {
 }
 
 /// A route `/orders/{id}` under the layer whose handler reports that it
-/// started (with its token), then answers "lost" once its lock is lost, or
-/// "done" after an hour.
+/// started (with its token), then works for an hour. Under
+/// `OnLockLost::KeepRunning` it watches its guard and answers "lost" once
+/// its lock is lost; under `Abort` the layer does the watching (a handler
+/// watching too would race the layer to answer).
 fn app(store: &MemoryStore, on_lost: OnLockLost) -> (Router, mpsc::UnboundedReceiver<u64>) {
     let (started, rx) = mpsc::unbounded_channel::<u64>();
-    async fn handler(
+    async fn watching(
         guard: LockGuard,
         Extension(started): Extension<mpsc::UnboundedSender<u64>>,
     ) -> &'static str {
@@ -38,14 +40,26 @@ fn app(store: &MemoryStore, on_lost: OnLockLost) -> (Router, mpsc::UnboundedRece
             _ = tokio::time::sleep(Duration::from_secs(3600)) => "done",
         }
     }
+    async fn working(
+        guard: LockGuard,
+        Extension(started): Extension<mpsc::UnboundedSender<u64>>,
+    ) -> &'static str {
+        let _ = started.send(guard.fencing_token().get());
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        "done"
+    }
     let locker = Locker::builder(store.clone()).lease(LEASE).build().unwrap();
     let layer = LockLayer::builder(locker, KeyFrom::path_param("id"))
         .namespace("orders")
         .on_lock_lost(on_lost)
         .build()
         .unwrap();
+    let route = match on_lost {
+        OnLockLost::Abort => post(working),
+        _ => post(watching),
+    };
     let app = Router::new()
-        .route("/orders/{id}", post(handler))
+        .route("/orders/{id}", route)
         .layer(layer)
         .layer(Extension(started));
     (app, rx)
