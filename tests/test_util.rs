@@ -65,12 +65,21 @@ fn app(store: &MemoryStore, on_lost: OnLockLost) -> (Router, mpsc::UnboundedRece
     (app, rx)
 }
 
+/// Waits for a handler to start (its fencing token); fails, rather than
+/// hangs, if none does.
+async fn started_handler(started: &mut mpsc::UnboundedReceiver<u64>) -> u64 {
+    tokio::time::timeout(Duration::from_secs(10), started.recv())
+        .await
+        .expect("no handler started")
+        .unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_handler_sees_lost_when_the_test_loses_its_lock() {
     let store = MemoryStore::new();
     let (app, mut started) = app(&store, OnLockLost::KeepRunning);
     let task = spawn_send(&app, post_to("/orders/42"));
-    started.recv().await.unwrap();
+    started_handler(&mut started).await;
     assert!(store.is_locked(&key()));
 
     assert!(store.lose(&key()));
@@ -88,7 +97,7 @@ async fn a_takeover_aborts_the_handler_with_503_and_the_taker_has_a_higher_token
     let store = MemoryStore::new();
     let (app, mut started) = app(&store, OnLockLost::Abort);
     let task = spawn_send(&app, post_to("/orders/42"));
-    let first = started.recv().await.unwrap();
+    let first = started_handler(&mut started).await;
 
     let taker = store.take_over(&key(), Duration::from_secs(60));
     assert!(taker.get() > first);
@@ -113,7 +122,7 @@ async fn a_failed_store_call_is_a_503_with_retry_after_and_only_that_call_fails(
     assert!(started.try_recv().is_err(), "the handler ran");
 
     let task = spawn_send(&app, post_to("/orders/42"));
-    started.recv().await.unwrap();
+    started_handler(&mut started).await;
     store.lose(&key());
     assert_eq!(join(task).await.text(), "lost");
 }
