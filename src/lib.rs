@@ -12,6 +12,7 @@ mod key;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod layer;
+mod observe;
 mod store;
 mod time;
 mod token;

@@ -34,5 +34,6 @@ mod watchdog;
 
 pub use builder::LockerBuilder;
 pub use guard::LockGuard;
+pub(crate) use lease::Lease;
 pub use locker::{Acquired, Locker};
 pub use options::{DEFAULT_LEASE, DEFAULT_POLL, DEFAULT_RENEW_BATCH, DEFAULT_WAIT};
