@@ -207,11 +207,12 @@ impl MemoryStore {
         self.lock().failing = n;
     }
 
-    /// Answers the failure asked for by `fail_next_calls`, if any is left.
-    fn injected(&self, op: Operation, key: &LockKey) -> Result<(), Error> {
+    /// The state, for a store call: or the failure asked for by
+    /// `fail_next_calls`, if any is left (checked under the same lock).
+    fn lock_for(&self, op: Operation, key: &LockKey) -> Result<MutexGuard<'_, State>, Error> {
         let mut st = self.lock();
         if st.failing == 0 {
-            return Ok(());
+            return Ok(st);
         }
         st.failing -= 1;
         Err(Error::Unavailable {
@@ -319,9 +320,10 @@ impl LockStore for MemoryStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<AcquireOutcome, Error> {
-        self.injected(Operation::Acquire, key)?;
         let now = Instant::now();
-        Ok(self.lock().acquire(key, owner, lease, now))
+        Ok(self
+            .lock_for(Operation::Acquire, key)?
+            .acquire(key, owner, lease, now))
     }
 
     async fn acquire_or_replay(
@@ -330,9 +332,8 @@ impl LockStore for MemoryStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<AcquireOutcome, Error> {
-        self.injected(Operation::Acquire, key)?;
         let now = Instant::now();
-        let mut st = self.lock();
+        let mut st = self.lock_for(Operation::Acquire, key)?;
         if let Some(record) = st.record(key, now) {
             return Ok(AcquireOutcome::Completed(record));
         }
@@ -346,9 +347,8 @@ impl LockStore for MemoryStore {
         record: Bytes,
         retention: Duration,
     ) -> Result<bool, Error> {
-        self.injected(Operation::Release, key)?;
         let now = Instant::now();
-        let mut st = self.lock();
+        let mut st = self.lock_for(Operation::Release, key)?;
         let ours = matches!(st.live(key, now), Some(h) if h.owner == *owner);
         if ours {
             st.records.insert(key.clone(), (record, now + retention));
@@ -358,9 +358,8 @@ impl LockStore for MemoryStore {
     }
 
     async fn read_record(&self, key: &LockKey) -> Result<Option<Bytes>, Error> {
-        self.injected(Operation::Acquire, key)?;
         let now = Instant::now();
-        Ok(self.lock().record(key, now))
+        Ok(self.lock_for(Operation::Acquire, key)?.record(key, now))
     }
 
     async fn extend(
@@ -369,9 +368,8 @@ impl LockStore for MemoryStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<bool, Error> {
-        self.injected(Operation::Extend, key)?;
         let now = Instant::now();
-        let mut st = self.lock();
+        let mut st = self.lock_for(Operation::Extend, key)?;
         match st.live(key, now) {
             Some(h) if h.owner == *owner => {
                 h.expires = now + lease;
@@ -382,15 +380,15 @@ impl LockStore for MemoryStore {
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
-        self.injected(Operation::Release, key)?;
         let now = Instant::now();
-        Ok(self.lock().release(key, owner, now))
+        Ok(self
+            .lock_for(Operation::Release, key)?
+            .release(key, owner, now))
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {
-        self.injected(Operation::Subscribe, key)?;
         let rx = {
-            let mut st = self.lock();
+            let mut st = self.lock_for(Operation::Subscribe, key)?;
             st.watchers
                 .entry(key.clone())
                 .or_insert_with(|| watch::channel(0).0)
