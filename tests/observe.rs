@@ -244,7 +244,9 @@ async fn under_the_layer_the_spans_are_the_requests_and_refusals_log_at_debug() 
         .instrument(tracing::info_span!("request"))
         .await;
     assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(seen.one("lock.acquire").parent, Some("request"));
+    let acquire = seen.one("lock.acquire");
+    assert_eq!(acquire.parent, Some("request"));
+    assert_eq!(acquire.field("outcome"), Some("granted"));
     assert_eq!(seen.one("lock.hold").parent, Some("request"));
     assert_eq!(seen.one("lock.release").parent, Some("lock.hold"));
 
