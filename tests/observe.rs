@@ -260,3 +260,35 @@ async fn under_the_layer_the_spans_are_the_requests_and_refusals_log_at_debug() 
     assert_eq!(refused[0].0, Level::DEBUG);
     drop(held);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_acquire_queued_behind_a_local_waiter_is_contended() {
+    let (seen, _guard) = Capture::install();
+    let locker = Locker::builder(MemoryStore::new())
+        .wait_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let first = locker.acquire(&key("5")).await.unwrap();
+    let spawn_waiter = || {
+        let locker = locker.clone();
+        tokio::spawn(async move { locker.acquire(&key("5")).await })
+    };
+    let one = spawn_waiter();
+    while !locker.has_waiters(&key("5")) {
+        tokio::task::yield_now().await;
+    }
+    // Arrives behind a waiter: goes straight to the queue, never to the
+    // store, until its turn; its one try then is still a contended one.
+    let two = spawn_waiter();
+    settle().await;
+    first.release().await.unwrap();
+    one.await.unwrap().unwrap().release().await.unwrap();
+    drop(two.await.unwrap().unwrap());
+
+    let spans = seen.named("lock.acquire");
+    assert_eq!(spans.len(), 3);
+    for waiter in &spans[1..] {
+        assert_eq!(waiter.field("outcome"), Some("granted"), "{waiter:?}");
+        assert_eq!(waiter.field("contended"), Some("true"), "{waiter:?}");
+    }
+}

@@ -87,7 +87,10 @@ impl<S: LockStore> Locker<S> {
         let queue_first = !wait.is_zero() && self.inner.queues.has_waiters(key);
         if !queue_first {
             attempts += 1;
-            match self.attempt(key, &owner, replay, start, attempts).await? {
+            match self
+                .attempt(key, &owner, replay, start, (attempts, false))
+                .await?
+            {
                 Step::Done(done) => return Ok(done),
                 Step::Held(r) => remaining = r,
             }
@@ -125,7 +128,8 @@ impl<S: LockStore> Locker<S> {
                 Some(valid_for) => Ok(Step::Held(Some(valid_for))),
                 None => {
                     attempts += 1;
-                    let attempt = self.attempt(key, &owner, replay, start, attempts);
+                    // (Contended: it found the lock held, or queued behind a waiter.)
+                    let attempt = self.attempt(key, &owner, replay, start, (attempts, true));
                     match tokio::time::timeout_at(deadline, attempt).await {
                         Ok(step) => step,
                         Err(_) => {
@@ -211,7 +215,7 @@ impl<S: LockStore> Locker<S> {
         owner: &OwnerToken,
         replay: bool,
         start: Instant,
-        attempts: u32,
+        (attempts, contended): (u32, bool),
     ) -> Result<Step, Error> {
         let o = &self.inner.opts;
         let store = &self.inner.store;
@@ -263,18 +267,12 @@ impl<S: LockStore> Locker<S> {
                     key = %key,
                     fencing_token = token.get(),
                     waited_us = start.elapsed().as_micros() as u64,
-                    contended = attempts > 1,
+                    contended,
                     attempts,
                     "lock acquired"
                 );
                 let granted = Ok(Outcome::Granted(token.get()));
-                observe::acquired(
-                    &Span::current(),
-                    key,
-                    start.elapsed(),
-                    attempts > 1,
-                    &granted,
-                );
+                observe::acquired(&Span::current(), key, start.elapsed(), contended, &granted);
                 let end = Ending {
                     lease,
                     store: self.inner.erased.clone(),
@@ -290,7 +288,7 @@ impl<S: LockStore> Locker<S> {
                     &Span::current(),
                     key,
                     start.elapsed(),
-                    attempts > 1,
+                    contended,
                     &completed,
                 );
                 Ok(Step::Done(Acquired::Completed(raw)))
