@@ -12,6 +12,7 @@ mod key;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod layer;
+mod observe;
 mod store;
 mod time;
 mod token;
@@ -38,7 +39,7 @@ pub use store::{
     redis::{EvictionCheck, RedisStoreBuilder, ReplicaShortfall},
     redlock::RedlockStore,
 };
-pub use token::{FencingToken, OwnerToken};
+pub use token::{FencingToken, OwnerToken, TokenRangeError};
 
 pub use deadpool_redis;
 pub use redis;

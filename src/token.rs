@@ -63,6 +63,28 @@ impl fmt::Debug for OwnerToken {
 /// script that grants the lock, so tokens keep growing even after the
 /// per-key counter's retention lapses. They fit in `i64` (and in a
 /// JavaScript number) for the next two centuries.
+///
+/// Stores never mint 0: it is left for "never written" (the SQL column's
+/// default in README's snippet), below every real token.
+///
+/// For an SQL `BIGINT` column, convert with the checked
+/// [`TryFrom<FencingToken> for i64`](#impl-TryFrom%3CFencingToken%3E-for-i64)
+/// (a token above `i64::MAX` is an error, never a wrapped negative number):
+///
+/// ```
+/// use tower_redis_lock::{FencingToken, TokenRangeError};
+///
+/// let token = FencingToken::new(1_764_000_000_000_001);
+/// let bound: i64 = token.try_into()?;
+/// assert_eq!(bound, 1_764_000_000_000_001);
+///
+/// let err = i64::try_from(FencingToken::new(u64::MAX)).unwrap_err();
+/// assert_eq!(err.token(), FencingToken::new(u64::MAX));
+/// # Ok::<(), TokenRangeError>(())
+/// ```
+///
+/// With the `serde` feature it serializes as a plain number, and
+/// deserializing refuses 0 (never a minted token).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(u64);
 
@@ -90,6 +112,78 @@ impl From<FencingToken> for u64 {
     }
 }
 
+/// A [`FencingToken`] too large for the integer type asked for (an SQL
+/// `BIGINT` is `i64`: tokens above `i64::MAX` do not fit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenRangeError {
+    token: FencingToken,
+}
+
+impl TokenRangeError {
+    /// The token that did not fit.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+}
+
+impl fmt::Display for TokenRangeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "fencing token {} does not fit in i64 (an SQL BIGINT): it is above {}",
+            self.token.0,
+            i64::MAX
+        )
+    }
+}
+
+impl std::error::Error for TokenRangeError {}
+
+/// Checked: tokens above `i64::MAX` are a [`TokenRangeError`], never a
+/// negative number.
+impl TryFrom<FencingToken> for i64 {
+    type Error = TokenRangeError;
+
+    fn try_from(t: FencingToken) -> Result<i64, TokenRangeError> {
+        i64::try_from(t.0).map_err(|_| TokenRangeError { token: t })
+    }
+}
+
+/// A plain number (`u64`).
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+impl serde::Serialize for FencingToken {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(self.0)
+    }
+}
+
+/// From a plain number; 0 is refused (stores never mint it).
+///
+/// ```
+/// use tower_redis_lock::FencingToken;
+///
+/// let token: FencingToken = serde_json::from_str("1764000000000001")?;
+/// assert_eq!(token, FencingToken::new(1_764_000_000_000_001));
+/// assert_eq!(serde_json::to_string(&token)?, "1764000000000001");
+/// assert!(serde_json::from_str::<FencingToken>("0").is_err());
+/// assert!(serde_json::from_str::<FencingToken>("-1").is_err());
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+impl<'de> serde::Deserialize<'de> for FencingToken {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match <u64 as serde::Deserialize>::deserialize(deserializer)? {
+            0 => Err(serde::de::Error::invalid_value(
+                serde::de::Unexpected::Unsigned(0),
+                &"a fencing token (stores never mint 0)",
+            )),
+            n => Ok(FencingToken(n)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +204,32 @@ mod tests {
         assert!(FencingToken::new(2) > FencingToken::new(1));
         assert_eq!(FencingToken::new(42).to_string(), "42");
         assert_eq!(u64::from(FencingToken::new(7)), 7);
+    }
+
+    #[test]
+    fn tokens_convert_to_i64_checked() {
+        assert_eq!(i64::try_from(FencingToken::new(7)), Ok(7));
+        let max = i64::MAX as u64;
+        assert_eq!(i64::try_from(FencingToken::new(max)), Ok(i64::MAX));
+        let err = i64::try_from(FencingToken::new(max + 1)).unwrap_err();
+        assert_eq!(err.token(), FencingToken::new(max + 1));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("9223372036854775808") && msg.contains("i64"),
+            "{msg}"
+        );
+        assert!(i64::try_from(FencingToken::new(u64::MAX)).is_err());
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn tokens_serialize_as_numbers_and_zero_is_refused() {
+        let t = FencingToken::new(1_764_000_000_000_001);
+        assert_eq!(serde_json::to_string(&t).unwrap(), "1764000000000001");
+        let back: FencingToken = serde_json::from_str("1764000000000001").unwrap();
+        assert_eq!(back, t);
+        let err = serde_json::from_str::<FencingToken>("0").unwrap_err();
+        assert!(err.to_string().contains("never mint 0"), "{err}");
+        assert!(serde_json::from_str::<FencingToken>("\"5\"").is_err());
     }
 }

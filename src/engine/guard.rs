@@ -9,12 +9,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::hold::Hold;
 use super::lease::{Lease, LossReason};
 use super::pending::{EndOp, Ending, PendingEnd, trace_release};
 use super::reentry;
 use super::watchdog::Cmd;
+use crate::observe;
 use crate::store::LockStore;
 use crate::{Error, FencingToken, LockKey};
 
@@ -284,8 +286,10 @@ impl LockGuard {
                 retention,
             },
         );
-        let res = e.store.finish(&l.key, &l.owner, record, retention).await;
-        match &res {
+        let span = observe::release_span(l, "finish");
+        let finish = e.store.finish(&l.key, &l.owner, record, retention);
+        let res = finish.instrument(span.clone()).await;
+        span.in_scope(|| match &res {
             Ok(stored) => tracing::debug!(
                 key = %l.key,
                 fencing_token = l.token.get(),
@@ -294,8 +298,12 @@ impl LockGuard {
                 "lock finished with a completed record"
             ),
             Err(e) => {
+                observe::store_error(e);
                 tracing::warn!(key = %l.key, error = %e, "storing the completed record failed")
             }
+        });
+        if let Ok(stored) = &res {
+            span.record("owned", *stored);
         }
         if matches!(res, Ok(true)) {
             pending.disarm();
@@ -304,8 +312,12 @@ impl LockGuard {
         }
         // Not stored: make sure the lock does not linger either.
         pending.op = Some(EndOp::Release);
-        let released = e.store.release(&l.key, &l.owner).await;
-        trace_release(l, &released);
+        let released = e
+            .store
+            .release(&l.key, &l.owner)
+            .instrument(span.clone())
+            .await;
+        span.in_scope(|| trace_release(l, &released));
         if released.is_ok() {
             pending.disarm();
             e.local.wake(&l.key);
@@ -353,8 +365,13 @@ impl LockGuard {
         let l = &*e.lease;
         // Dropped before the answer: the release goes on in the background.
         let mut pending = PendingEnd::arm(e, EndOp::Release);
-        let res = e.store.release(&l.key, &l.owner).await;
-        trace_release(l, &res);
+        let span = observe::release_span(l, "release");
+        let res = e
+            .store
+            .release(&l.key, &l.owner)
+            .instrument(span.clone())
+            .await;
+        span.in_scope(|| trace_release(l, &res));
         if res.is_ok() {
             pending.disarm();
             e.local.wake(&l.key);

@@ -2,6 +2,7 @@
 //! held, lost or released. Shared by every hold of the grant, the watchdog
 //! and the key's local queue.
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -22,6 +23,16 @@ pub(crate) enum LossReason {
     Expired,
 }
 
+impl LossReason {
+    /// For metrics.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            LossReason::NotOwner => "not_owner",
+            LossReason::Expired => "expired",
+        }
+    }
+}
+
 /// State of one granted lease, shared by its guard clones and the watchdog.
 pub(crate) struct Lease {
     pub(crate) id: u64,
@@ -39,6 +50,8 @@ pub(crate) struct Lease {
     /// Holds not yet given back: 1 for the grant, +1 per re-entry. The lock
     /// is released when this reaches zero (see `hold.rs`).
     pub(crate) holds: AtomicU32,
+    /// The `lock.hold` span (see `observe.rs`), set once granted.
+    pub(crate) span: OnceLock<tracing::Span>,
 }
 
 impl Lease {
@@ -66,6 +79,7 @@ impl Lease {
             status: AtomicU8::new(HELD),
             lost: CancellationToken::new(),
             holds: AtomicU32::new(1),
+            span: OnceLock::new(),
         };
         // Granted for what the hold cap leaves of the lease (see
         // `Locker::attempt`), so valid no longer than that either.
@@ -121,6 +135,7 @@ impl Lease {
             .compare_exchange(HELD, LOST, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if flipped {
+            crate::observe::lost(self, reason.label());
             self.lost.cancel();
             tracing::warn!(
                 key = %self.key,

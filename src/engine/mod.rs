@@ -34,4 +34,5 @@ mod watchdog;
 
 pub use builder::LockerBuilder;
 pub use guard::LockGuard;
+pub(crate) use lease::Lease;
 pub use locker::{Acquired, Locker};

@@ -14,6 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::lease::Lease;
 use super::queue::Queues;
@@ -108,6 +109,7 @@ impl Ending {
             op,
             pause_first,
         );
+        let job = job.instrument(crate::observe::release_span(&self.lease, "background"));
         if !spawn_detached(self.runtime.as_ref(), job) {
             tracing::warn!(
                 key = %self.lease.key,
@@ -177,6 +179,9 @@ where
 }
 
 pub(crate) fn trace_release(l: &Lease, res: &Result<bool, Error>) {
+    if let Ok(owned) = res {
+        tracing::Span::current().record("owned", owned);
+    }
     match res {
         Ok(owned) => tracing::debug!(
             key = %l.key,
@@ -185,12 +190,15 @@ pub(crate) fn trace_release(l: &Lease, res: &Result<bool, Error>) {
             held_ms = l.acquired_at.elapsed().as_millis() as u64,
             "lock released"
         ),
-        Err(e) => tracing::warn!(
-            key = %l.key,
-            fencing_token = l.token.get(),
-            error = %e,
-            "lock release failed; retrying in the background"
-        ),
+        Err(e) => {
+            crate::observe::store_error(e);
+            tracing::warn!(
+                key = %l.key,
+                fencing_token = l.token.get(),
+                error = %e,
+                "lock release failed; retrying in the background"
+            )
+        }
     }
 }
 
@@ -257,7 +265,10 @@ async fn release_retrying(
         first = false;
         match tokio::time::timeout_at(give_up, store.release(key, owner)).await {
             Ok(Ok(owned)) => return Some(owned),
-            Ok(Err(e)) => tracing::debug!(key = %key, error = %e, "lock release failed; retrying"),
+            Ok(Err(e)) => {
+                crate::observe::store_error(&e);
+                tracing::debug!(key = %key, error = %e, "lock release failed; retrying")
+            }
             Err(_) => return None,
         }
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tracing::{Instrument, Span};
 
 use super::guard::LockGuard;
 use super::lease::Lease;
@@ -16,6 +17,7 @@ use super::pending::{Ending, PendingAttempt};
 use super::reentry;
 use super::watchdog::Cmd;
 use crate::error::ConfigError;
+use crate::observe::{self, Outcome};
 use crate::store::{AcquireOutcome, LockStore, ReleaseWatch};
 use crate::time::{drift, far_add};
 use crate::{Error, LockKey, OwnerToken};
@@ -33,12 +35,42 @@ impl<S: LockStore> Locker<S> {
         wait: Duration,
         replay: bool,
     ) -> Result<Acquired, Error> {
+        let span = observe::acquire_span(key, wait);
+        let start = Instant::now();
+        let res = self
+            .take_in_span(key, wait, replay)
+            .instrument(span.clone())
+            .await;
+        match &res {
+            // (Granted, completed and refused are recorded where they happen.)
+            Ok(Acquired::Locked(guard)) => observe::hold_started(guard.lease_state()),
+            Err(e) if !e.is_contended() => {
+                observe::acquired(&span, key, start.elapsed(), false, &Err(e));
+            }
+            _ => {}
+        }
+        res
+    }
+
+    async fn take_in_span(
+        &self,
+        key: &LockKey,
+        wait: Duration,
+        replay: bool,
+    ) -> Result<Acquired, Error> {
         // The task already runs under this very lock (a nested call in the
         // same work): one more hold, not a wait for ourselves.
         if let Some(outer) = reentry::held_by_task(key, self.store_id())
             && let Ok(again) = LockGuard::from_hold(outer).reenter()
         {
             tracing::trace!(key = %key, holds = again.hold_count(), "lock re-entered");
+            observe::acquired(
+                &Span::current(),
+                key,
+                Duration::ZERO,
+                false,
+                &Ok(Outcome::Reentered),
+            );
             return Ok(Acquired::Locked(again));
         }
         let o = &self.inner.opts;
@@ -55,7 +87,10 @@ impl<S: LockStore> Locker<S> {
         let queue_first = !wait.is_zero() && self.inner.queues.has_waiters(key);
         if !queue_first {
             attempts += 1;
-            match self.attempt(key, &owner, replay, start, attempts).await? {
+            match self
+                .attempt(key, &owner, replay, start, (attempts, false))
+                .await?
+            {
                 Step::Done(done) => return Ok(done),
                 Step::Held(r) => remaining = r,
             }
@@ -93,7 +128,8 @@ impl<S: LockStore> Locker<S> {
                 Some(valid_for) => Ok(Step::Held(Some(valid_for))),
                 None => {
                     attempts += 1;
-                    let attempt = self.attempt(key, &owner, replay, start, attempts);
+                    // (Contended: it found the lock held, or queued behind a waiter.)
+                    let attempt = self.attempt(key, &owner, replay, start, (attempts, true));
                     match tokio::time::timeout_at(deadline, attempt).await {
                         Ok(step) => step,
                         Err(_) => {
@@ -165,6 +201,7 @@ impl<S: LockStore> Locker<S> {
         match self.inner.store.subscribe(key).await {
             Ok(w) => w,
             Err(e) => {
+                observe::store_error(&e);
                 tracing::debug!(key = %key, error = %e, "no release notifications; polling");
                 ReleaseWatch::never()
             }
@@ -178,7 +215,7 @@ impl<S: LockStore> Locker<S> {
         owner: &OwnerToken,
         replay: bool,
         start: Instant,
-        attempts: u32,
+        (attempts, contended): (u32, bool),
     ) -> Result<Step, Error> {
         let o = &self.inner.opts;
         let store = &self.inner.store;
@@ -230,10 +267,12 @@ impl<S: LockStore> Locker<S> {
                     key = %key,
                     fencing_token = token.get(),
                     waited_us = start.elapsed().as_micros() as u64,
-                    contended = attempts > 1,
+                    contended,
                     attempts,
                     "lock acquired"
                 );
+                let granted = Ok(Outcome::Granted(token.get()));
+                observe::acquired(&Span::current(), key, start.elapsed(), contended, &granted);
                 let end = Ending {
                     lease,
                     store: self.inner.erased.clone(),
@@ -243,7 +282,17 @@ impl<S: LockStore> Locker<S> {
                 Ok(Step::Done(Acquired::Locked(LockGuard::new(end, watchdog))))
             }
             AcquireOutcome::Held { remaining } => Ok(Step::Held(remaining)),
-            AcquireOutcome::Completed(raw) => Ok(Step::Done(Acquired::Completed(raw))),
+            AcquireOutcome::Completed(raw) => {
+                let completed = Ok(Outcome::Completed);
+                observe::acquired(
+                    &Span::current(),
+                    key,
+                    start.elapsed(),
+                    contended,
+                    &completed,
+                );
+                Ok(Step::Done(Acquired::Completed(raw)))
+            }
         }
     }
 
@@ -265,7 +314,7 @@ impl<S: LockStore> Locker<S> {
             retry_after_ms = retry_after.as_millis() as u64,
             "lock contended"
         );
-        if wait.is_zero() {
+        let err = if wait.is_zero() {
             Error::Contended {
                 key: key.clone(),
                 retry_after,
@@ -276,7 +325,9 @@ impl<S: LockStore> Locker<S> {
                 waited,
                 retry_after,
             }
-        }
+        };
+        observe::acquired(&Span::current(), key, waited, true, &Err(&err));
+        err
     }
 }
 

@@ -108,6 +108,7 @@ pub(crate) async fn run<S: LockStore>(
                     e.in_flight = false;
                     match outcome {
                         Ok(true) => {
+                            crate::observe::renewed(now.saturating_duration_since(e.next_renew));
                             e.lease.renewed(started, applied);
                             e.next_renew = started + e.lease.lease / 3;
                             e.retry_at = None;
@@ -119,6 +120,7 @@ pub(crate) async fn run<S: LockStore>(
                             continue;
                         }
                         Err(err) => {
+                            crate::observe::renewal_failed(&err);
                             // Try again soon; the deadline decides if it is lost.
                             e.next_renew = now + (e.lease.lease / 12).min(Duration::from_secs(1));
                             e.retry_at = Some(e.next_renew);

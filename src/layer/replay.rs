@@ -32,6 +32,7 @@ pub(super) fn replay<B>(
         );
     }
     tracing::debug!(key = %key, status = record.status.as_u16(), "replaying a completed request");
+    crate::observe::replayed(record.status.as_u16());
     let trailers = (!record.trailers.is_empty()).then(|| {
         let mut map = HeaderMap::new();
         for (name, value) in record.trailers {

@@ -412,7 +412,8 @@ fn too_large(limit: usize) -> Problem {
 
 pub(super) fn reject<B>(p: Problem, key: Option<&LockKey>) -> Response<ResponseBody<B>> {
     let p = if key.is_some() { p.key(key) } else { p };
-    tracing::info!(
+    crate::observe::refused(p.status().as_u16());
+    tracing::debug!(
         status = p.status().as_u16(),
         key = p.lock_key().unwrap_or("-"),
         detail = %p.detail(),

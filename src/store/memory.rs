@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{AcquireOutcome, LockStore, ReleaseWatch};
-use crate::{Error, FencingToken, LockKey, OwnerToken};
+use crate::{Error, FencingToken, LockKey, Operation, OwnerToken};
 
 /// Locks kept in this process's memory.
 ///
@@ -38,6 +38,10 @@ use crate::{Error, FencingToken, LockKey, OwnerToken};
 /// # Ok(())
 /// # }
 /// ```
+///
+/// With the `test-util` feature it has hooks for testing your handlers'
+/// unhappy paths: `lose` a held lock, `take_over` one as another owner,
+/// and `fail_next_calls` for a store outage.
 #[derive(Clone, Default)]
 pub struct MemoryStore {
     state: Arc<Mutex<State>>,
@@ -50,6 +54,8 @@ struct State {
     watchers: HashMap<LockKey, watch::Sender<u64>>,
     last_token: u64,
     ops_since_sweep: u32,
+    /// Store calls left to fail (`fail_next_calls`).
+    failing: u32,
 }
 
 struct Held {
@@ -74,7 +80,9 @@ impl MemoryStore {
         Self::default()
     }
 
-    /// How many unexpired locks the store holds (for tests and metrics).
+    /// How many unexpired locks the store holds.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn held_count(&self) -> usize {
         let now = Instant::now();
         self.lock()
@@ -85,9 +93,132 @@ impl MemoryStore {
     }
 
     /// Whether `key` is held right now.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn is_locked(&self, key: &LockKey) -> bool {
         let now = Instant::now();
         self.lock().locks.get(key).is_some_and(|h| h.expires > now)
+    }
+
+    /// Makes the lock on `key` disappear, as if its lease had run out
+    /// (or a Redis had lost it): nobody holds it any more, and its holder
+    /// is not told. Returns whether it was held.
+    ///
+    /// The holder finds out like in production: its next renewal (the
+    /// watchdog's, every lease/3, or [`LockGuard::extend`](crate::LockGuard::extend))
+    /// answers "not owner", so the guard flips to lost and
+    /// [`lost()`](crate::LockGuard::lost) resolves; its
+    /// [`finish`](crate::LockGuard::finish) stores nothing.
+    ///
+    /// ```
+    /// use tower_redis_lock::{LockKey, Locker, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_redis_lock::Error> {
+    /// let store = MemoryStore::new();
+    /// let locker = Locker::new(store.clone());
+    /// let key = LockKey::new("orders", "42")?;
+    /// let guard = locker.acquire(&key).await?;
+    ///
+    /// assert!(store.lose(&key));
+    /// let err = guard.extend().await.unwrap_err();
+    /// assert!(matches!(err, tower_redis_lock::Error::LockLost { .. }));
+    /// guard.lost().await; // resolves at once now
+    /// assert!(!guard.is_held());
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn lose(&self, key: &LockKey) -> bool {
+        let now = Instant::now();
+        let mut st = self.lock();
+        st.live(key, now).is_some() && st.locks.remove(key).is_some()
+    }
+
+    /// Gives the lock on `key` to another owner for `lease`, with a fresh,
+    /// higher fencing token (returned), whether or not someone held it: a
+    /// takeover after the first holder's lease ran out. The first holder is
+    /// not told; its next renewal finds the new owner (the guard flips to
+    /// lost) and every fenced write with its older token is refused.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_lock::{LockKey, Locker, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_redis_lock::Error> {
+    /// let store = MemoryStore::new();
+    /// let locker = Locker::new(store.clone());
+    /// let key = LockKey::new("orders", "42")?;
+    /// let guard = locker.acquire(&key).await?;
+    ///
+    /// let newer = store.take_over(&key, Duration::from_secs(30));
+    /// assert!(newer > guard.fencing_token());
+    /// let err = guard.extend().await.unwrap_err();
+    /// assert!(matches!(err, tower_redis_lock::Error::LockLost { .. }));
+    /// assert!(!guard.release().await?, "no longer ours to release");
+    /// assert!(locker.try_acquire(&key).await.unwrap_err().is_contended());
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn take_over(&self, key: &LockKey, lease: Duration) -> FencingToken {
+        let now = Instant::now();
+        let mut st = self.lock();
+        st.sweep_now_and_then(now);
+        let token = st.next_token();
+        let taker = Held {
+            owner: OwnerToken::generate(),
+            token,
+            expires: now + lease,
+        };
+        st.locks.insert(key.clone(), taker);
+        token
+    }
+
+    /// Makes the next `n` store calls fail with
+    /// [`Error::Unavailable`] (as a Redis that stopped answering would),
+    /// whatever they are: acquire, renewal, release, finish, reading a
+    /// record, subscribing. `0` cancels what is left. The
+    /// [`LockLayer`](crate::LockLayer) answers such a failure with 503 and
+    /// `Retry-After` (by default).
+    ///
+    /// ```
+    /// use tower_redis_lock::{LockKey, Locker, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_redis_lock::Error> {
+    /// let store = MemoryStore::new();
+    /// let locker = Locker::new(store.clone());
+    /// let key = LockKey::new("orders", "42")?;
+    ///
+    /// store.fail_next_calls(1);
+    /// assert!(locker.acquire(&key).await.unwrap_err().is_store_failure());
+    /// assert!(locker.acquire(&key).await.is_ok(), "only the next call fails");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn fail_next_calls(&self, n: u32) {
+        self.lock().failing = n;
+    }
+
+    /// The state, for a store call: or the failure asked for by
+    /// `fail_next_calls`, if any is left (checked under the same lock).
+    fn lock_for(&self, op: Operation, key: &LockKey) -> Result<MutexGuard<'_, State>, Error> {
+        let mut st = self.lock();
+        if st.failing == 0 {
+            return Ok(st);
+        }
+        st.failing -= 1;
+        Err(Error::Unavailable {
+            op,
+            key: Some(key.clone()),
+            source: "MemoryStore::fail_next_calls: a failure asked for by a test".into(),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -189,7 +320,9 @@ impl LockStore for MemoryStore {
         lease: Duration,
     ) -> Result<AcquireOutcome, Error> {
         let now = Instant::now();
-        Ok(self.lock().acquire(key, owner, lease, now))
+        Ok(self
+            .lock_for(Operation::Acquire, key)?
+            .acquire(key, owner, lease, now))
     }
 
     async fn acquire_or_replay(
@@ -199,7 +332,7 @@ impl LockStore for MemoryStore {
         lease: Duration,
     ) -> Result<AcquireOutcome, Error> {
         let now = Instant::now();
-        let mut st = self.lock();
+        let mut st = self.lock_for(Operation::Acquire, key)?;
         if let Some(record) = st.record(key, now) {
             return Ok(AcquireOutcome::Completed(record));
         }
@@ -214,7 +347,7 @@ impl LockStore for MemoryStore {
         retention: Duration,
     ) -> Result<bool, Error> {
         let now = Instant::now();
-        let mut st = self.lock();
+        let mut st = self.lock_for(Operation::Release, key)?;
         let ours = matches!(st.live(key, now), Some(h) if h.owner == *owner);
         if ours {
             st.records.insert(key.clone(), (record, now + retention));
@@ -225,7 +358,7 @@ impl LockStore for MemoryStore {
 
     async fn read_record(&self, key: &LockKey) -> Result<Option<Bytes>, Error> {
         let now = Instant::now();
-        Ok(self.lock().record(key, now))
+        Ok(self.lock_for(Operation::Acquire, key)?.record(key, now))
     }
 
     async fn extend(
@@ -235,7 +368,7 @@ impl LockStore for MemoryStore {
         lease: Duration,
     ) -> Result<bool, Error> {
         let now = Instant::now();
-        let mut st = self.lock();
+        let mut st = self.lock_for(Operation::Extend, key)?;
         match st.live(key, now) {
             Some(h) if h.owner == *owner => {
                 h.expires = now + lease;
@@ -247,12 +380,14 @@ impl LockStore for MemoryStore {
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
         let now = Instant::now();
-        Ok(self.lock().release(key, owner, now))
+        Ok(self
+            .lock_for(Operation::Release, key)?
+            .release(key, owner, now))
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {
         let rx = {
-            let mut st = self.lock();
+            let mut st = self.lock_for(Operation::Subscribe, key)?;
             st.watchers
                 .entry(key.clone())
                 .or_insert_with(|| watch::channel(0).0)

@@ -1,0 +1,311 @@
+//! The metrics (feature `metrics`) move: a small recorder of this file,
+//! installed per test on its thread (current-thread runtimes), counts what
+//! the crate reports. Engine and layer logic on the memory store and
+//! tokio's paused clock; store errors also against a real `redis-server`.
+//!
+//! Run as `cargo test --features metrics --test metrics`.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::post;
+use http::StatusCode;
+use metrics::{
+    Counter, CounterFn, Gauge, Histogram, HistogramFn, Key, KeyName, LocalRecorderGuard, Metadata,
+    Recorder, SharedString, Unit,
+};
+use support::RedisServer;
+use support::http::{post_to, send};
+use tower_redis_lock::{Idempotency, KeyFrom, LockKey, LockLayer, Locker, MemoryStore, RedisStore};
+
+/// Counter totals and histogram samples by `name{label=value,…}` (labels
+/// in the order given).
+#[derive(Clone, Default)]
+struct Recorded {
+    counters: Arc<Mutex<HashMap<String, u64>>>,
+    histograms: Arc<Mutex<HashMap<String, Vec<f64>>>>,
+}
+
+struct Slot {
+    name: String,
+    into: Recorded,
+}
+
+impl CounterFn for Slot {
+    fn increment(&self, value: u64) {
+        *self
+            .into
+            .counters
+            .lock()
+            .unwrap()
+            .entry(self.name.clone())
+            .or_default() += value;
+    }
+
+    fn absolute(&self, value: u64) {
+        self.into
+            .counters
+            .lock()
+            .unwrap()
+            .insert(self.name.clone(), value);
+    }
+}
+
+impl HistogramFn for Slot {
+    fn record(&self, value: f64) {
+        self.into
+            .histograms
+            .lock()
+            .unwrap()
+            .entry(self.name.clone())
+            .or_default()
+            .push(value);
+    }
+}
+
+fn render(key: &Key) -> String {
+    let labels: Vec<String> = key
+        .labels()
+        .map(|l| format!("{}={}", l.key(), l.value()))
+        .collect();
+    if labels.is_empty() {
+        key.name().to_owned()
+    } else {
+        format!("{}{{{}}}", key.name(), labels.join(","))
+    }
+}
+
+impl Recorder for Recorded {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(Arc::new(Slot {
+            name: render(key),
+            into: self.clone(),
+        }))
+    }
+
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::from_arc(Arc::new(Slot {
+            name: render(key),
+            into: self.clone(),
+        }))
+    }
+}
+
+impl Recorded {
+    fn counter(&self, name: &str) -> u64 {
+        self.counters
+            .lock()
+            .unwrap()
+            .get(name)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn samples(&self, name: &str) -> Vec<f64> {
+        self.histograms
+            .lock()
+            .unwrap()
+            .get(name)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn names(&self) -> Vec<String> {
+        let mut all: Vec<String> = self.counters.lock().unwrap().keys().cloned().collect();
+        all.extend(self.histograms.lock().unwrap().keys().cloned());
+        all.sort();
+        all
+    }
+}
+
+/// A recorder for this test's thread.
+fn install(recorded: &Recorded) -> LocalRecorderGuard<'_> {
+    metrics::set_default_local_recorder(recorded)
+}
+
+fn key(id: &str) -> LockKey {
+    LockKey::new("orders", id).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquires_count_by_outcome_with_latency_wait_and_contention() {
+    let m = Recorded::default();
+    let _r = install(&m);
+    let locker = Locker::builder(MemoryStore::new())
+        .wait_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+
+    let first = locker.acquire(&key("1")).await.unwrap();
+    assert_eq!(
+        m.counter("trl_acquires_total{namespace=orders,outcome=granted}"),
+        1
+    );
+    let latency = m.samples("trl_acquire_duration_seconds{namespace=orders,outcome=granted}");
+    assert_eq!(latency, [0.0], "paused clock: no time passed");
+    assert_eq!(m.counter("trl_contended_total{namespace=orders}"), 0);
+
+    // Refused at once, then after a full wait.
+    assert!(locker.try_acquire(&key("1")).await.is_err());
+    assert!(locker.acquire(&key("1")).await.is_err());
+    assert_eq!(
+        m.counter("trl_acquires_total{namespace=orders,outcome=contended}"),
+        1
+    );
+    assert_eq!(
+        m.counter("trl_acquires_total{namespace=orders,outcome=timeout}"),
+        1
+    );
+    assert_eq!(m.counter("trl_contended_total{namespace=orders}"), 2);
+    assert_eq!(
+        m.samples("trl_acquire_wait_seconds{namespace=orders}"),
+        [0.0, 1.0]
+    );
+
+    // Granted after waiting 0.25 s for a release.
+    let waiter = {
+        let locker = locker.clone();
+        tokio::spawn(async move { locker.acquire(&key("1")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    first.release().await.unwrap();
+    let second = waiter.await.unwrap().unwrap();
+    assert_eq!(
+        m.counter("trl_acquires_total{namespace=orders,outcome=granted}"),
+        2
+    );
+    assert_eq!(m.counter("trl_contended_total{namespace=orders}"), 3);
+    assert_eq!(
+        m.samples("trl_acquire_wait_seconds{namespace=orders}"),
+        [0.0, 1.0, 0.25]
+    );
+
+    // A re-entry is counted as such.
+    second
+        .scope(async { locker.acquire(&key("1")).await.unwrap() })
+        .await;
+    assert_eq!(
+        m.counter("trl_acquires_total{namespace=orders,outcome=reentered}"),
+        1
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewals_report_their_lag_and_failures_and_losses_their_reason() {
+    let m = Recorded::default();
+    let _r = install(&m);
+    let store = MemoryStore::new();
+    let lease = Duration::from_secs(3);
+    let locker = Locker::builder(store.clone()).lease(lease).build().unwrap();
+
+    let guard = locker.acquire(&key("2")).await.unwrap();
+    // Two renewals, each answered on time (paused clock: no lag).
+    tokio::time::sleep(lease * 2 / 3 + Duration::from_millis(1)).await;
+    assert_eq!(m.samples("trl_renewal_lag_seconds"), [0.0, 0.0]);
+
+    // The next renewal fails: counted as a renewal failure and a store error.
+    store.fail_next_calls(1);
+    tokio::time::sleep(lease / 3).await;
+    assert_eq!(m.counter("trl_renewal_failures_total{kind=unavailable}"), 1);
+    assert_eq!(
+        m.counter("trl_store_errors_total{op=extend,kind=unavailable}"),
+        1
+    );
+    assert!(guard.is_held(), "one failure is retried, not a loss");
+
+    // Taken over: the next renewal finds another owner.
+    store.take_over(&key("2"), lease);
+    guard.lost().await;
+    assert_eq!(
+        m.counter("trl_locks_lost_total{namespace=orders,reason=not_owner}"),
+        1
+    );
+
+    // Renewals failing until the deadline: expired.
+    let other = locker.acquire(&key("3")).await.unwrap();
+    store.fail_next_calls(u32::MAX);
+    other.lost().await;
+    store.fail_next_calls(0);
+    assert_eq!(
+        m.counter("trl_locks_lost_total{namespace=orders,reason=expired}"),
+        1
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_layer_counts_refusals_by_status_and_replays() {
+    let m = Recorded::default();
+    let _r = install(&m);
+    let locker = Locker::new(MemoryStore::new());
+    let layer = LockLayer::builder(locker.clone(), KeyFrom::path_param("id"))
+        .namespace("orders")
+        .idempotent(Idempotency::new())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/orders/{id}", post(|| async { "done" }))
+        .layer(layer);
+
+    let held = locker.acquire(&key("5")).await.unwrap();
+    send(&app, post_to("/orders/5"))
+        .await
+        .problem(StatusCode::CONFLICT);
+    assert_eq!(m.counter("trl_requests_refused_total{status=409}"), 1);
+    held.release().await.unwrap();
+
+    assert_eq!(
+        send(&app, post_to("/orders/5")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(m.counter("trl_replays_total{status=200}"), 0);
+    let again = send(&app, post_to("/orders/5")).await;
+    assert_eq!(again.status, StatusCode::OK);
+    assert_eq!(m.counter("trl_replays_total{status=200}"), 1);
+    assert_eq!(
+        m.counter("trl_acquires_total{namespace=orders,outcome=completed}"),
+        1
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_dead_redis_counts_store_errors_by_operation_and_kind() {
+    let m = Recorded::default();
+    let _r = install(&m);
+    let mut server = RedisServer::start();
+    let store = RedisStore::from_url(&server.url()).unwrap();
+    let locker = Locker::new(store);
+    let guard = locker.acquire(&key("6")).await.unwrap();
+    assert!(m.names().iter().all(|n| !n.starts_with("trl_store_errors")));
+
+    server.stop();
+    let err = locker.acquire(&key("7")).await.unwrap_err();
+    assert!(err.is_store_failure(), "{err:?}");
+    assert_eq!(
+        m.counter("trl_acquires_total{namespace=orders,outcome=error}"),
+        1
+    );
+    let errors: Vec<String> = m
+        .names()
+        .into_iter()
+        .filter(|n| n.starts_with("trl_store_errors_total{"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].ends_with(",kind=unavailable}"), "{errors:?}");
+    assert_eq!(m.counter(&errors[0]), 1);
+
+    // The release fails too, and is counted under its own operation.
+    assert!(guard.release().await.unwrap_err().is_store_failure());
+    assert!(m.counter("trl_store_errors_total{op=release,kind=unavailable}") >= 1);
+}
