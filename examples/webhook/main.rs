@@ -100,7 +100,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::HeaderName;
 
 #[allow(unused_imports)]
 pub use self::{
@@ -138,10 +137,6 @@ pub const DEFAULT_TIMEOUTS: Timeouts = Timeouts {
     body: Duration::from_secs(10),
     request: Duration::from_secs(30),
 };
-
-const STRIPE_SIGNATURE: HeaderName = HeaderName::from_static("stripe-signature");
-const GITHUB_SIGNATURE: HeaderName = HeaderName::from_static("x-hub-signature-256");
-const GITHUB_DELIVERY: HeaderName = HeaderName::from_static("x-github-delivery");
 
 #[tokio::main]
 async fn main() -> ExitCode {
