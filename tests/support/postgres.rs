@@ -25,10 +25,12 @@ use tempfile::TempDir;
 
 use super::process::{kill_and_reap, send_signal, spawn_from_keeper};
 use super::server::{free_port, text_tail};
-use super::wait::wait_until;
+use super::wait::{wait_until, wait_until_every};
 
 /// How long `initdb` plus the first start may take before the test fails.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+/// Poll interval while waiting for a starting server.
+const STARTUP_POLL: Duration = Duration::from_millis(10);
 /// How long a fast shutdown (SIGINT) may take before SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The superuser `initdb` creates (also the database's name).
@@ -179,12 +181,17 @@ impl PgServer {
             dir,
         };
         let socket = server.socket();
-        let ready = wait_until(STARTUP_TIMEOUT, || {
+        // Ready when the postmaster says so in postmaster.pid (its status
+        // line reads `ready` once it accepts connections; before that a
+        // client is told "the database system is starting up").
+        let pid_file = data.join("postmaster.pid");
+        let ready = wait_until_every(STARTUP_TIMEOUT, STARTUP_POLL, || {
             let exited = server
                 .child
                 .as_mut()
                 .is_none_or(|c| !matches!(c.try_wait(), Ok(None)));
-            exited || (socket.exists() && std::os::unix::net::UnixStream::connect(&socket).is_ok())
+            let status = fs::read_to_string(&pid_file).unwrap_or_default();
+            exited || (status.lines().nth(7).map(str::trim) == Some("ready") && socket.exists())
         });
         let running = server
             .child
@@ -202,6 +209,11 @@ impl PgServer {
     /// The directory holding the socket (the `host` to connect to).
     pub fn socket_dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The postmaster's process id, or `None` after [`PgServer::stop`].
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// The port number (part of the socket's name).
