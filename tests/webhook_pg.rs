@@ -125,6 +125,13 @@ impl Example {
         );
     }
 
+    /// SIGKILL, straight into the stopped process (no SIGCONT first, which
+    /// would let it run past its stop point), and reap.
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// SIGCONT: a stopped process goes on.
     fn resume(&self) {
         send_signal(self.child.id(), libc::SIGCONT);
@@ -325,7 +332,7 @@ fn a_delivery_killed_anywhere_between_effect_and_answer_counts_once() {
             thread::spawn(move || deliver(addr, &body))
         };
         victim.wait_stopped();
-        drop(victim); // SIGKILL, then reap
+        victim.kill();
         let first = sent.join().unwrap();
         assert!(
             first.is_err(),
