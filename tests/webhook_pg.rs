@@ -52,9 +52,14 @@ const SECRET: &str = "whsec_test";
 /// In a child: runs the example until it is killed; never returns.
 fn run_child_if_asked() {
     if std::env::var_os(CHILD_ENV).is_some() {
-        let _ = webhook_pg::main();
-        // The example only returns on a failure or Ctrl-C.
-        std::process::exit(3);
+        // The example only returns on a failure or Ctrl-C; its exit code
+        // goes on (ExitCode has no accessor, but compares).
+        let code = webhook_pg::main();
+        let code = [0, 1, 2]
+            .into_iter()
+            .find(|&c| code == std::process::ExitCode::from(c))
+            .unwrap_or(3);
+        std::process::exit(code.into());
     }
 }
 
@@ -414,4 +419,50 @@ fn a_paused_former_holder_writing_late_is_refused_by_the_token() {
     assert_eq!(rows.balances.get("cus_late"), Some(&700), "{rows:?}");
     assert_eq!(rows.fences.get("evt_late"), Some(&newer), "{rows:?}");
     assert_eq!(rows.marks.get("evt_late"), Some(&newer), "{rows:?}");
+}
+
+/// A missing `DATABASE_URL` and bad values are refused before anything
+/// starts: the variable is named, the exit code is 2.
+#[test]
+fn bad_settings_name_their_variable_and_exit_with_2() {
+    const TEST: &str = "bad_settings_name_their_variable_and_exit_with_2";
+    run_child_if_asked();
+    let dir = TempDir::new().unwrap();
+    let cases: [(&str, &[(&str, &str)]); 4] = [
+        ("DATABASE_URL", &[]),
+        ("WEBHOOK_PG_STOP_AT", &[("WEBHOOK_PG_STOP_AT", "nowhere")]),
+        ("LEASE_MS", &[("LEASE_MS", "soon")]),
+        ("PORT", &[("PORT", "99999")]),
+    ];
+    for (i, (variable, env)) in cases.into_iter().enumerate() {
+        let out = dir.path().join(format!("{i}.out"));
+        let file = File::create(&out).unwrap();
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", TEST, "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, "1")
+            .env_remove("DATABASE_URL")
+            .env_remove("REDIS_URL")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file);
+        if variable != "DATABASE_URL" {
+            cmd.env("DATABASE_URL", "host=/nonexistent");
+        }
+        cmd.envs(env.iter().copied());
+        let mut child = spawn_dying_with_test(cmd).unwrap();
+        let mut status = None;
+        let exited = wait_until(LIMIT, || {
+            status = child.try_wait().unwrap();
+            status.is_some()
+        });
+        if !exited {
+            kill_and_reap(&mut child);
+        }
+        let text = fs::read_to_string(&out).unwrap_or_default();
+        assert_eq!(status.and_then(|s| s.code()), Some(2), "{variable}: {text}");
+        assert!(
+            text.contains(&format!("webhook_pg: {variable}")),
+            "{variable}: {text}"
+        );
+    }
 }

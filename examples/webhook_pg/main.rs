@@ -124,9 +124,17 @@ pub async fn run() -> Result<(), Failure> {
         .millis("LEASE_MS", DEFAULT_LEASE)
         .map_err(Failure::Usage)?;
     let timeouts = Timeouts::from_lookup(var, DEFAULT_TIMEOUTS).map_err(Failure::Usage)?;
+    let stop_at = env.get("WEBHOOK_PG_STOP_AT");
+    if let Some(p) = &stop_at
+        && !STOP_POINTS.contains(&p.as_str())
+    {
+        return Err(Failure::Usage(format!(
+            "WEBHOOK_PG_STOP_AT={p:?} is not valid: expected one of {STOP_POINTS:?}"
+        )));
+    }
     let redis_url = env.get("REDIS_URL");
     let (store, described) = common::store(redis_url.as_deref())?;
-    let db = Db::open(&database_url, env.get("WEBHOOK_PG_STOP_AT"))
+    let db = Db::open(&database_url, stop_at)
         .await
         .map_err(Failure::Runtime)?;
     let router = app(store, db, &secret, lease)
