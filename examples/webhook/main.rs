@@ -55,7 +55,8 @@
 //!   them (after the count, before the record), or the request timeout
 //!   striking there, lets the next delivery count again. Where that
 //!   matters, make the effect itself idempotent as well (a unique
-//!   constraint on the event id in the same transaction as the effect).
+//!   constraint on the event id in the same transaction as the effect):
+//!   `examples/webhook_pg/` does that on PostgreSQL.
 //! * GitHub signs no timestamp: a captured delivery replayed *after* its
 //!   record expired (`RETENTION`, three days) is applied again, and nothing
 //!   in the request can tell it from a new one. Stripe's signed timestamp
