@@ -218,16 +218,15 @@ async fn rediss_trusting_the_servers_ca_grants_and_releases() {
 /// within its command timeout.
 async fn refused_promptly(store: RedisStore) {
     let key = LockKey::new("tls", "job-2").unwrap();
-    let started = Instant::now();
-    let err = store
-        .acquire(&key, &OwnerToken::generate(), Duration::from_secs(10))
-        .await
-        .unwrap_err();
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "refused after {:?}",
-        started.elapsed()
-    );
+    // A hang fails here instead of hanging the suite; promptness itself is
+    // the check below that the handshake refused, not the command timeout.
+    let err = tokio::time::timeout(
+        Duration::from_secs(30),
+        store.acquire(&key, &OwnerToken::generate(), Duration::from_secs(10)),
+    )
+    .await
+    .expect("the acquire hung on a TLS refusal")
+    .unwrap_err();
     assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
     // Refused by the handshake, not left to the timeout.
     let text = format!("{err} {:?}", std::error::Error::source(&err));
