@@ -407,3 +407,32 @@ fn server_dies_with_a_killed_test_process() {
         "port {port} still accepts connections after its server was killed"
     );
 }
+
+/// `PgServer`: a PostgreSQL of its own on a unix socket in its temporary
+/// directory, not run as root (PostgreSQL refuses root), gone with its
+/// socket and directory once dropped.
+#[test]
+fn pg_server_serves_on_its_own_socket_and_stops_on_drop() {
+    use std::os::unix::net::UnixStream;
+
+    let pg = support::postgres::PgServer::start();
+    let pid = pg.pid().unwrap();
+    let socket = pg.socket();
+    assert!(socket.starts_with(pg.socket_dir()), "{}", socket.display());
+    assert!(UnixStream::connect(&socket).is_ok(), "{}", pg.log_tail());
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().next())
+        .unwrap();
+    assert_ne!(uid, "0", "postgres runs as root");
+    let dir = pg.socket_dir().to_path_buf();
+    // Dropping waits until the postmaster has exited (a postmaster left
+    // running would also die soon after its directory is removed: hence no
+    // waiting here).
+    drop(pg);
+    assert!(process_gone(pid), "postgres {pid} still running after drop");
+    assert!(UnixStream::connect(&socket).is_err());
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}

@@ -11,12 +11,15 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::http::StatusCode;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tower_http::timeout::{RequestBodyDeadlineLayer, TimeoutLayer};
 use tower_layer::Layer;
+use tower_redis_lock::layer::PROBLEM_JSON;
 use tower_redis_lock::{BoxStore, MemoryStore, RedisStore};
 
 /// What went wrong on start, and the exit code it maps to.
@@ -269,4 +272,30 @@ pub async fn serve(
     {
         tracing::warn!("some connections did not finish in time");
     }
+}
+
+/// An RFC 9457 answer, like the lock layer's own (the webhook examples'
+/// own refusals; the demo has none).
+#[allow(dead_code)]
+pub fn problem(status: StatusCode, detail: &str) -> Response {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut res = (status, body.to_string()).into_response();
+    res.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    res
+}
+
+/// `503` with `Retry-After: 1`: a resource behind the handler is down, the
+/// sender should retry soon.
+#[allow(dead_code)]
+pub fn unavailable(detail: &str) -> Response {
+    let mut res = problem(StatusCode::SERVICE_UNAVAILABLE, detail);
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    res
 }

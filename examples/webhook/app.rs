@@ -7,22 +7,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
-use tower_redis_lock::layer::PROBLEM_JSON;
 use tower_redis_lock::{
     ConfigError, Idempotency, KeyFrom, LockGuard, LockLayer, LockStore, Locker,
 };
 
 use super::ledger::{Applied, Ledger};
-use super::verify::{Scheme, Verifier, header_str, verify_signature};
+use super::verify::{GITHUB_DELIVERY, Scheme, Verifier, header_str, verify_signature};
 use super::{
-    DEFAULT_SECRET, DEFAULT_WORK, GITHUB_DELIVERY, GITHUB_NAMESPACE, GITHUB_WAIT, MAX_BODY,
-    RETENTION, STRIPE_NAMESPACE, TOLERANCE,
+    DEFAULT_SECRET, DEFAULT_WORK, GITHUB_NAMESPACE, GITHUB_WAIT, MAX_BODY, RETENTION,
+    STRIPE_NAMESPACE, TOLERANCE,
 };
 
 /// A hook run by each delivery under its lock, before it works and applies
@@ -228,10 +227,7 @@ async fn deliver(app: &AppState, source: &str, id: &str, guard: &LockGuard) -> R
         }
         Err(e) => {
             tracing::error!(source, id, error = %e, "ledger unavailable");
-            let mut res = problem(StatusCode::SERVICE_UNAVAILABLE, "the ledger is unavailable");
-            res.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            res
+            unavailable("the ledger is unavailable")
         }
     }
 }
@@ -246,16 +242,4 @@ async fn show_ledger(State(app): State<Arc<AppState>>) -> Response {
     }
 }
 
-/// An RFC 9457 answer, like the lock layer's own.
-pub(super) fn problem(status: StatusCode, detail: &str) -> Response {
-    let body = serde_json::json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    let mut res = (status, body.to_string()).into_response();
-    res.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-    res
-}
+pub(super) use super::common::{problem, unavailable};

@@ -55,7 +55,8 @@
 //!   them (after the count, before the record), or the request timeout
 //!   striking there, lets the next delivery count again. Where that
 //!   matters, make the effect itself idempotent as well (a unique
-//!   constraint on the event id in the same transaction as the effect).
+//!   constraint on the event id in the same transaction as the effect):
+//!   `examples/webhook_pg/` does that on PostgreSQL.
 //! * GitHub signs no timestamp: a captured delivery replayed *after* its
 //!   record expired (`RETENTION`, three days) is applied again, and nothing
 //!   in the request can tell it from a new one. Stripe's signed timestamp
@@ -100,7 +101,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::HeaderName;
 
 #[allow(unused_imports)]
 pub use self::{
@@ -138,10 +138,6 @@ pub const DEFAULT_TIMEOUTS: Timeouts = Timeouts {
     body: Duration::from_secs(10),
     request: Duration::from_secs(30),
 };
-
-const STRIPE_SIGNATURE: HeaderName = HeaderName::from_static("stripe-signature");
-const GITHUB_SIGNATURE: HeaderName = HeaderName::from_static("x-hub-signature-256");
-const GITHUB_DELIVERY: HeaderName = HeaderName::from_static("x-github-delivery");
 
 #[tokio::main]
 async fn main() -> ExitCode {

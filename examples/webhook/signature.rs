@@ -4,7 +4,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -27,7 +27,7 @@ pub fn sign_github(secret: &str, body: &[u8]) -> String {
 
 fn mac(secret: &str) -> HmacSha256 {
     // HMAC takes keys of any length; this never fails.
-    <HmacSha256 as Mac>::new_from_slice(secret.as_bytes())
+    <HmacSha256 as KeyInit>::new_from_slice(secret.as_bytes())
         .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"))
 }
 

@@ -12,9 +12,13 @@ use axum::response::Response;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_http::timeout::TimeoutError;
 
+use super::MAX_BODY;
 use super::app::problem;
 use super::signature::{unix_now, verify_github, verify_stripe};
-use super::{GITHUB_DELIVERY, GITHUB_SIGNATURE, MAX_BODY, STRIPE_SIGNATURE};
+
+pub(super) const STRIPE_SIGNATURE: HeaderName = HeaderName::from_static("stripe-signature");
+pub(super) const GITHUB_SIGNATURE: HeaderName = HeaderName::from_static("x-hub-signature-256");
+pub(super) const GITHUB_DELIVERY: HeaderName = HeaderName::from_static("x-github-delivery");
 
 /// Which signature scheme a route checks.
 #[derive(Debug, Clone, Copy)]

@@ -15,6 +15,7 @@
 //! | `wait` | [`wait_until`] (blocking) and [`eventually`] (tokio clock) |
 //! | [`topology`] | Sentinel sets, Redis Clusters and independent primaries |
 //! | [`stores`] | one fixture per store, for the suites run against every store |
+//! | [`postgres`] | [`postgres::PgServer`]: a throwaway PostgreSQL (`initdb` + `postgres`) |
 //!
 //! Every server runs on its own free port with its own temporary directory and
 //! is killed when its [`RedisServer`] is dropped, or when the test process dies
@@ -24,6 +25,7 @@
 
 pub mod http;
 pub mod logs;
+pub mod postgres;
 pub mod slow;
 pub mod stores;
 pub mod topology;
@@ -39,6 +41,7 @@ mod wait;
 #[allow(unused_imports)]
 pub use self::{
     info::parse_command_stats,
+    process::{kill_and_reap, process_state, send_signal, spawn_dying_with_test},
     resp::Reply,
     server::{RedisServer, free_port},
     wait::{eventually, eventually_some, wait_until, wait_until_every},

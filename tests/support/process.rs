@@ -105,8 +105,15 @@ pub(super) fn spawn_from_keeper(cmd: Command) -> io::Result<Child> {
     result_rx.recv().map_err(|_| gone())?
 }
 
+/// Spawn `cmd` so that its process gets SIGKILL when the test process dies
+/// (for tests that run programs of their own, e.g. an example server).
+pub fn spawn_dying_with_test(mut cmd: Command) -> io::Result<Child> {
+    kill_with_parent(&mut cmd);
+    spawn_from_keeper(cmd)
+}
+
 /// SIGCONT (in case it is frozen), SIGKILL and reap; ignores errors.
-pub(super) fn kill_and_reap(child: &mut Child) {
+pub fn kill_and_reap(child: &mut Child) {
     if let Ok(None) = child.try_wait() {
         // Not reaped yet, so the pid cannot have been reused.
         send_signal(child.id(), libc::SIGCONT);
@@ -116,7 +123,7 @@ pub(super) fn kill_and_reap(child: &mut Child) {
 }
 
 /// `kill(pid, signal)`, ignoring errors.
-pub(super) fn send_signal(pid: u32, signal: libc::c_int) {
+pub fn send_signal(pid: u32, signal: libc::c_int) {
     // SAFETY: plain syscall; callers only pass pids of children that are not reaped yet.
     unsafe {
         libc::kill(pid as libc::pid_t, signal);
@@ -124,7 +131,7 @@ pub(super) fn send_signal(pid: u32, signal: libc::c_int) {
 }
 
 /// The state letter from `/proc/<pid>/stat` (`R`, `S`, `T`, `Z`, ...).
-pub(super) fn process_state(pid: u32) -> Option<char> {
+pub fn process_state(pid: u32) -> Option<char> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // "pid (comm) S ...": comm may contain spaces and parentheses.
     let (_, after_comm) = stat.rsplit_once(')')?;
