@@ -35,7 +35,7 @@ mod settings;
 
 use connection::{Conn, Source};
 pub use eviction::EvictionCheck;
-use keys::{LOCK, RECORD, RELEASED};
+use keys::{LOCK, RECORD, RELEASED, WAITED};
 use notifier::{Notifier, PubSubSource};
 pub use replicas::ReplicaShortfall;
 use replicas::WaitReplicas;
@@ -164,7 +164,7 @@ impl LockStore for RedisStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<AcquireOutcome, Error> {
-        self.acquire_script(key, owner, lease, false).await
+        Ok(self.acquire_script(key, owner, lease, false).await?.0)
     }
 
     async fn acquire_or_replay(
@@ -173,7 +173,7 @@ impl LockStore for RedisStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<AcquireOutcome, Error> {
-        self.acquire_script(key, owner, lease, true).await
+        Ok(self.acquire_script(key, owner, lease, true).await?.0)
     }
 
     async fn finish(
@@ -280,7 +280,8 @@ impl LockStore for RedisStore {
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
         let mut inv = RELEASE.key(self.name(key, LOCK));
-        inv.arg(owner.as_str())
+        inv.key(self.name(key, WAITED))
+            .arg(owner.as_str())
             .arg(self.publish_command())
             .arg(self.name(key, RELEASED));
         let n: i64 = self

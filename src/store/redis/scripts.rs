@@ -2,9 +2,10 @@
 //! what they take and answer), built once and run with EVALSHA (reloaded
 //! on `NOSCRIPT`), and the store's calls that run them.
 //!
-//! Release and finish announce the release with the publish command they
-//! are given (`PUBLISH`, or `SPUBLISH` on a cluster: the channel shares the
-//! lock's hash tag, so it is in the script's slot) on the release channel.
+//! Release and finish announce the release on the release channel, when a
+//! waiter marked the lock (an acquire that found it held), with the publish
+//! command they are given (`PUBLISH`, or `SPUBLISH` on a cluster: the
+//! channel shares the lock's hash tag, so it is in the script's slot).
 //! `pcall`: a server that lacks the command (a cluster before Redis 7)
 //! still releases; its waiters poll.
 
@@ -14,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::Script;
 
-use super::keys::{FENCE, LOCK, RECORD, RECORD_WRITER, RELEASED};
+use super::keys::{FENCE, LOCK, RECORD, RECORD_WRITER, RELEASED, WAITED};
 use super::{RedisStore, ms};
 use crate::store::AcquireOutcome;
 use crate::{Error, FencingToken, LockKey, Operation, OwnerToken};
@@ -38,15 +39,18 @@ static ROLLBACK: LazyLock<Script> =
 pub(super) const PRELOADED: [&str; 4] = [ACQUIRE_SRC, EXTEND_SRC, RELEASE_SRC, FINISH_SRC];
 
 impl RedisStore {
-    pub(super) async fn acquire_script(
+    /// The acquire script: its outcome, and whether the lock was ours
+    /// already (a re-entry: the token is the counter's, see acquire.lua).
+    pub(crate) async fn acquire_script(
         &self,
         key: &LockKey,
         owner: &OwnerToken,
         lease: Duration,
         replay: bool,
-    ) -> Result<AcquireOutcome, Error> {
+    ) -> Result<(AcquireOutcome, bool), Error> {
         let mut inv = ACQUIRE.key(self.name(key, LOCK));
         inv.key(self.name(key, FENCE));
+        inv.key(self.name(key, WAITED));
         if replay {
             inv.key(self.name(key, RECORD));
         }
@@ -74,16 +78,24 @@ impl RedisStore {
             source: "unexpected reply from the acquire script".into(),
         };
         Ok(match (kind, value) {
-            (1, redis::Value::BulkString(digits)) => AcquireOutcome::Granted(FencingToken::new(
-                std::str::from_utf8(&digits)
-                    .ok()
-                    .and_then(|d| d.parse().ok())
-                    .ok_or_else(unexpected)?,
-            )),
-            (0, redis::Value::Int(n)) => AcquireOutcome::Held {
-                remaining: (n >= 0).then(|| Duration::from_millis(n as u64)),
-            },
-            (2, redis::Value::BulkString(rec)) => AcquireOutcome::Completed(Bytes::from(rec)),
+            (1 | 3, redis::Value::BulkString(digits)) => (
+                AcquireOutcome::Granted(FencingToken::new(
+                    std::str::from_utf8(&digits)
+                        .ok()
+                        .and_then(|d| d.parse().ok())
+                        .ok_or_else(unexpected)?,
+                )),
+                kind == 3,
+            ),
+            (0, redis::Value::Int(n)) => (
+                AcquireOutcome::Held {
+                    remaining: (n >= 0).then(|| Duration::from_millis(n as u64)),
+                },
+                false,
+            ),
+            (2, redis::Value::BulkString(rec)) => {
+                (AcquireOutcome::Completed(Bytes::from(rec)), false)
+            }
             _ => return Err(unexpected()),
         })
     }
@@ -117,6 +129,7 @@ impl RedisStore {
     ) -> Result<bool, Error> {
         let mut inv = FINISH.key(self.name(key, LOCK));
         inv.key(self.name(key, RECORD));
+        inv.key(self.name(key, WAITED));
         if mark {
             inv.key(self.name(key, RECORD_WRITER));
         }
