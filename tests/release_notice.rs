@@ -104,8 +104,10 @@ async fn nothing_per_id_is_left_after_contended_locks_are_released() {
 
 /// The race between a waiter's mark and the holder's release: the holder
 /// (another process: its own store, so no local wake-up) releases at a
-/// different point of the waiter's way in each round, from before its first
-/// try to after it sleeps. The waiter polls once an hour and its lease is
+/// different point of the waiter's way in each round: after a few yields
+/// (before or during its first try), once it has subscribed (before or
+/// after its try after subscribing), and once that try was sent (it is
+/// asleep, or about to be). The waiter polls once an hour and its lease is
 /// an hour, so if any interleaving lost the wake-up it would wait an hour
 /// and the hang guard fails the test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -121,30 +123,29 @@ async fn a_waiter_never_misses_the_release_whenever_it_happens() {
     };
     let (holder, waiter) = (build(), build());
     for round in 0..60u32 {
-        let k = key(&format!("race-{round}"));
+        let id = format!("race-{round}");
+        let (k, channel) = (key(&id), redis_name("notice", &id, "released"));
+        server.reset_stats();
         let held = holder.try_acquire(&k).await.unwrap();
         let task = {
             let (waiter, k) = (waiter.clone(), k.clone());
             tokio::spawn(async move { waiter.acquire(&k).await.unwrap() })
         };
-        // Let the waiter run a varying number of steps before the release.
         for _ in 0..round % 20 {
             tokio::task::yield_now().await;
         }
+        let subscribed = async || {
+            let subs = server.cmd(&["PUBSUB", "NUMSUB", &channel]);
+            subs.as_array().unwrap()[1].as_int() == Some(1)
+        };
+        if round >= 20 {
+            assert!(support::eventually(GUARD, subscribed).await);
+        }
         if round >= 40 {
-            // The last rounds release only once the waiter is asleep: it
-            // has subscribed and marked the lock.
-            let id = format!("race-{round}");
-            let (mark, channel) = (
-                redis_name("notice", &id, "waited"),
-                redis_name("notice", &id, "released"),
-            );
-            let asleep = async || {
-                let subs = server.cmd(&["PUBSUB", "NUMSUB", &channel]);
-                subs.as_array().unwrap()[1].as_int() == Some(1)
-                    && server.cmd(&["EXISTS", &mark]).as_int() == Some(1)
-            };
-            assert!(support::eventually(GUARD, asleep).await);
+            // The holder's grant, the waiter's first try and its try
+            // after subscribing.
+            let retried = async || server.command_calls("evalsha") >= 3;
+            assert!(support::eventually(GUARD, retried).await);
         }
         assert!(held.release().await.unwrap());
         let g = timeout(GUARD, task)
