@@ -82,7 +82,10 @@ async fn a_late_grant_of_a_refused_lock_is_released_and_a_later_holder_is_kept()
         .await
         .expect("the refusal waited for the frozen nodes")
         .unwrap();
-    assert!(matches!(outcome, AcquireOutcome::Held { .. }), "{outcome:?}");
+    assert!(
+        matches!(outcome, AcquireOutcome::Held { .. }),
+        "{outcome:?}"
+    );
     // Nodes 3 and 4 grant late; the grant did not count, so they are
     // released there as soon as they answer. The holder keeps its nodes.
     servers[3].thaw();
