@@ -40,7 +40,7 @@ pub use store::{
     redis::{EvictionCheck, ReplicaShortfall},
     redlock::RedlockStore,
 };
-pub use token::{FencingToken, OwnerToken};
+pub use token::{FencingToken, OwnerToken, Unfenced};
 
 pub use deadpool_redis;
 pub use redis;

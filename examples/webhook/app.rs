@@ -182,7 +182,7 @@ async fn github(
 
 /// Works, then applies the event with the lock's fencing token.
 async fn deliver(app: &AppState, source: &str, id: &str, guard: &LockGuard) -> Response {
-    let token = guard.fencing_token();
+    let token = guard.fencing_token().unwrap();
     tracing::info!(
         source,
         id,

@@ -16,7 +16,7 @@ use super::pending::{EndOp, Ending, PendingEnd, trace_release};
 use super::reentry;
 use super::watchdog::Cmd;
 use crate::store::LockStore;
-use crate::{Error, FencingToken, LockKey};
+use crate::{Error, FencingToken, LockKey, Unfenced};
 
 /// Proof that we hold a lock, for as long as [`is_held`](LockGuard::is_held)
 /// says so.
@@ -45,8 +45,9 @@ use crate::{Error, FencingToken, LockKey};
 /// let locker = Locker::new(MemoryStore::new());
 /// let guard = locker.acquire(&LockKey::new("invoices", "inv_7")?).await?;
 ///
-/// // Hand the fencing token to the resource you write to.
-/// let token = guard.fencing_token();
+/// // Hand the fencing token to the resource you write to (a store built
+/// // `with_fencing(false)` answers `Err(Unfenced)` here: it mints none).
+/// let token = guard.fencing_token().expect("the memory store fences");
 /// assert!(guard.is_held());
 ///
 /// tokio::select! {
@@ -179,8 +180,10 @@ impl LockGuard {
         &self.shared.lease().key
     }
 
-    /// The fencing token of this grant.
-    pub fn fencing_token(&self) -> FencingToken {
+    /// The fencing token of this grant, or [`Unfenced`] when its store
+    /// grants without fencing ([`RedisStore::with_fencing`](crate::RedisStore::with_fencing)`(false)`):
+    /// then there is no token at all, never a token of zero.
+    pub fn fencing_token(&self) -> Result<FencingToken, Unfenced> {
         self.shared.lease().token
     }
 
@@ -289,7 +292,7 @@ impl LockGuard {
         match &res {
             Ok(stored) => tracing::debug!(
                 key = %l.key,
-                fencing_token = l.token.get(),
+                fencing_token = l.token.ok().map(crate::FencingToken::get),
                 stored,
                 bytes = len,
                 "lock finished with a completed record"

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::time::far_add;
-use crate::{FencingToken, LockKey, OwnerToken};
+use crate::{FencingToken, LockKey, OwnerToken, Unfenced};
 
 const HELD: u8 = 0;
 const LOST: u8 = 1;
@@ -27,7 +27,7 @@ pub(crate) struct Lease {
     pub(crate) id: u64,
     pub(crate) key: LockKey,
     pub(crate) owner: OwnerToken,
-    pub(crate) token: FencingToken,
+    pub(crate) token: Result<FencingToken, Unfenced>,
     pub(crate) lease: Duration,
     pub(crate) drift: Duration,
     pub(crate) acquired_at: Instant,
@@ -47,7 +47,7 @@ impl Lease {
         id: u64,
         key: LockKey,
         owner: OwnerToken,
-        token: FencingToken,
+        token: Result<FencingToken, Unfenced>,
         lease: Duration,
         drift: Duration,
         attempt_start: Instant,
@@ -124,7 +124,7 @@ impl Lease {
             self.lost.cancel();
             tracing::warn!(
                 key = %self.key,
-                fencing_token = self.token.get(),
+                fencing_token = self.token.ok().map(FencingToken::get),
                 reason = ?reason,
                 held_ms = self.acquired_at.elapsed().as_millis() as u64,
                 "lock lost"

@@ -18,7 +18,7 @@ use super::watchdog::Cmd;
 use crate::error::ConfigError;
 use crate::store::{AcquireOutcome, LockStore, ReleaseWatch};
 use crate::time::{drift, far_add};
-use crate::{Error, LockKey, OwnerToken};
+use crate::{Error, LockKey, OwnerToken, Unfenced};
 
 /// What one try found.
 enum Step {
@@ -204,8 +204,14 @@ impl<S: LockStore> Locker<S> {
             store.acquire(key, owner, first).await?
         };
         pending.disarm();
-        match outcome {
-            AcquireOutcome::Granted(token) => {
+        let token = match outcome {
+            AcquireOutcome::Granted(token) => Ok(token),
+            AcquireOutcome::GrantedUnfenced => Err(Unfenced),
+            AcquireOutcome::Held { remaining } => return Ok(Step::Held(remaining)),
+            AcquireOutcome::Completed(raw) => return Ok(Step::Done(Acquired::Completed(raw))),
+        };
+        {
+            {
                 let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
                 let lease = Arc::new(Lease::new(
                     id,
@@ -228,7 +234,7 @@ impl<S: LockStore> Locker<S> {
                 };
                 tracing::debug!(
                     key = %key,
-                    fencing_token = token.get(),
+                    fencing_token = token.ok().map(crate::FencingToken::get),
                     waited_us = start.elapsed().as_micros() as u64,
                     contended = attempts > 1,
                     attempts,
@@ -242,8 +248,6 @@ impl<S: LockStore> Locker<S> {
                 };
                 Ok(Step::Done(Acquired::Locked(LockGuard::new(end, watchdog))))
             }
-            AcquireOutcome::Held { remaining } => Ok(Step::Held(remaining)),
-            AcquireOutcome::Completed(raw) => Ok(Step::Done(Acquired::Completed(raw))),
         }
     }
 

@@ -89,7 +89,7 @@ impl<St> Config<St> {
 /// use tower_redis_lock::{KeyFrom, LockGuard, LockLayer, MemoryStore};
 ///
 /// async fn capture(guard: LockGuard) -> String {
-///     format!("captured under fencing token {}", guard.fencing_token())
+///     format!("captured under fencing token {}", guard.fencing_token().unwrap())
 /// }
 ///
 /// let app: Router = Router::new().route(

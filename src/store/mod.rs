@@ -38,6 +38,12 @@ pub use boxed::BoxStore;
 pub enum AcquireOutcome {
     /// The lock is ours, with this fencing token.
     Granted(FencingToken),
+    /// The lock is ours, and the store mints no fencing tokens (a
+    /// [`RedisStore`](crate::RedisStore) built
+    /// [`with_fencing(false)`](crate::RedisStore::with_fencing)). The
+    /// guard's [`fencing_token`](crate::LockGuard::fencing_token) answers
+    /// [`Unfenced`](crate::Unfenced).
+    GrantedUnfenced,
     /// Someone else holds it. `remaining` is the holder's remaining lease,
     /// `None` when the key has no expiry (written by something else).
     Held {
@@ -130,7 +136,10 @@ pub trait LockStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<AcquireOutcome, Error>> + Send {
         async move {
             let outcome = self.acquire(key, owner, lease).await?;
-            if !matches!(outcome, AcquireOutcome::Granted(_)) {
+            if !matches!(
+                outcome,
+                AcquireOutcome::Granted(_) | AcquireOutcome::GrantedUnfenced
+            ) {
                 return Ok(outcome);
             }
             match self.read_record(key).await {

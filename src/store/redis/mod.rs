@@ -88,6 +88,8 @@ struct Inner {
     connecting: tokio::sync::Mutex<()>,
     prefix: String,
     fence_retention_ms: u64,
+    /// Whether grants mint fencing tokens (`with_fencing`).
+    fencing: bool,
     timeout: Duration,
     pubsub: Option<PubSubSource>,
     wait_replicas: Option<WaitReplicas>,
@@ -107,6 +109,7 @@ impl std::fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("prefix", &self.inner.prefix)
             .field("fence_retention_ms", &self.inner.fence_retention_ms)
+            .field("fencing", &self.inner.fencing)
             .field("timeout", &self.inner.timeout)
             .field("notifications", &self.inner.pubsub.is_some())
             .field("topology", &self.inner.source.topology())

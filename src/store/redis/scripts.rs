@@ -24,11 +24,13 @@ pub(super) const ACQUIRE_SRC: &str = include_str!("scripts/acquire.lua");
 pub(super) const EXTEND_SRC: &str = include_str!("scripts/extend.lua");
 pub(super) const RELEASE_SRC: &str = include_str!("scripts/release.lua");
 pub(super) const FINISH_SRC: &str = include_str!("scripts/finish.lua");
+pub(super) const GRANT_UNFENCED_SRC: &str = include_str!("scripts/grant_unfenced.lua");
 
 pub(super) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_SRC));
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_SRC));
 pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SRC));
 static FINISH: LazyLock<Script> = LazyLock::new(|| Script::new(FINISH_SRC));
+static GRANT_UNFENCED: LazyLock<Script> = LazyLock::new(|| Script::new(GRANT_UNFENCED_SRC));
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
 static ROLLBACK: LazyLock<Script> =
@@ -36,7 +38,13 @@ static ROLLBACK: LazyLock<Script> =
 
 /// The scripts every command connection loads up front (in one round trip,
 /// so that first uses do not pay for a `NOSCRIPT` answer).
-pub(super) const PRELOADED: [&str; 4] = [ACQUIRE_SRC, EXTEND_SRC, RELEASE_SRC, FINISH_SRC];
+pub(super) const PRELOADED: [&str; 5] = [
+    ACQUIRE_SRC,
+    EXTEND_SRC,
+    RELEASE_SRC,
+    FINISH_SRC,
+    GRANT_UNFENCED_SRC,
+];
 
 impl RedisStore {
     /// The acquire script: its outcome, and whether the lock was ours
@@ -48,15 +56,42 @@ impl RedisStore {
         lease: Duration,
         replay: bool,
     ) -> Result<(AcquireOutcome, bool), Error> {
-        let mut inv = ACQUIRE.key(self.name(key, LOCK));
-        inv.key(self.name(key, FENCE));
+        let fencing = self.inner.fencing;
+        if !fencing && !replay && self.inner.wait_replicas.is_none() {
+            // Without fencing, a free lock is one plain SET; the script
+            // runs only when that found the key taken.
+            let lock = self.name(key, LOCK);
+            let set: Option<String> = self
+                .with_conn(Operation::Acquire, Some(key), |mut c| async move {
+                    redis::cmd("SET")
+                        .arg(lock)
+                        .arg(owner.as_str())
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(ms(lease))
+                        .query_async(&mut c)
+                        .await
+                })
+                .await?;
+            if set.is_some() {
+                return Ok((AcquireOutcome::GrantedUnfenced, false));
+            }
+        }
+        let mut inv = if fencing {
+            let mut inv = ACQUIRE.key(self.name(key, LOCK));
+            inv.key(self.name(key, FENCE));
+            inv
+        } else {
+            GRANT_UNFENCED.key(self.name(key, LOCK))
+        };
         inv.key(self.name(key, WAITED));
         if replay {
             inv.key(self.name(key, RECORD));
         }
-        inv.arg(owner.as_str())
-            .arg(ms(lease))
-            .arg(self.inner.fence_retention_ms);
+        inv.arg(owner.as_str()).arg(ms(lease));
+        if fencing {
+            inv.arg(self.inner.fence_retention_ms);
+        }
         let (kind, value) = match self.inner.wait_replicas {
             None => {
                 self.with_conn(Operation::Acquire, Some(key), |mut c| async move {
@@ -78,6 +113,7 @@ impl RedisStore {
             source: "unexpected reply from the acquire script".into(),
         };
         Ok(match (kind, value) {
+            (1 | 3, _) if !fencing => (AcquireOutcome::GrantedUnfenced, kind == 3),
             (1 | 3, redis::Value::BulkString(digits)) => (
                 AcquireOutcome::Granted(FencingToken::new(
                     std::str::from_utf8(&digits)

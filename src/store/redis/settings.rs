@@ -34,6 +34,7 @@ impl RedisStore {
                 connecting: tokio::sync::Mutex::new(()),
                 prefix: DEFAULT_PREFIX.to_owned(),
                 fence_retention_ms: DEFAULT_FENCE_RETENTION.as_millis() as u64,
+                fencing: true,
                 timeout: DEFAULT_TIMEOUT,
                 pubsub: None,
                 wait_replicas: None,
@@ -89,6 +90,22 @@ impl RedisStore {
         Ok(self)
     }
 
+    /// Whether grants mint fencing tokens (default `true`).
+    ///
+    /// `with_fencing(false)` is for efficiency locks, which only keep work
+    /// from being done twice at once and guard no resource that could
+    /// check a token: the grant is a plain `SET NX PX` (a script only when
+    /// the lock is taken, to learn the holder's lease and mark the lock as
+    /// waited-for), and a guard's
+    /// [`fencing_token`](crate::LockGuard::fencing_token) answers
+    /// [`Unfenced`](crate::Unfenced); the layer sends no `Fencing-Token`
+    /// header. Renewal, loss, waiting, cancellation safety and idempotency
+    /// are the same. See README, "Fencing, or not".
+    pub fn with_fencing(mut self, on: bool) -> Self {
+        self.inner_mut().fencing = on;
+        self
+    }
+
     /// How long a bucket's fencing counter outlives the last grant of its
     /// bucket (default 1 h, at least 1 s, at most 100 years). Tokens stay strictly increasing after it lapses because
     /// they never fall below Redis `TIME` in µs; the counter only guards
@@ -131,6 +148,7 @@ impl RedisStore {
                 connecting: tokio::sync::Mutex::new(()),
                 prefix: i.prefix.clone(),
                 fence_retention_ms: i.fence_retention_ms,
+                fencing: i.fencing,
                 timeout: i.timeout,
                 pubsub: i.pubsub.clone(),
                 wait_replicas: i.wait_replicas,

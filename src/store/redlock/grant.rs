@@ -41,6 +41,8 @@ impl RedlockStore {
         // Re-entries (the lock was ours already): how many, the least token.
         let mut reentered: (usize, Option<FencingToken>) = (0, None);
         let mut held: Vec<Option<Duration>> = Vec::new();
+        // Nodes that granted without fencing (`with_fencing(false)`).
+        let mut unfenced = 0;
         for (i, a) in &answers {
             match a {
                 Ok((AcquireOutcome::Granted(t), again)) => {
@@ -50,6 +52,7 @@ impl RedlockStore {
                         reentered = (reentered.0 + 1, Some(least));
                     }
                 }
+                Ok((AcquireOutcome::GrantedUnfenced, _)) => unfenced += 1,
                 Ok((AcquireOutcome::Held { remaining }, _)) => held.push(*remaining),
                 Ok((AcquireOutcome::Completed(_), _)) | Err(_) => {}
             }
@@ -62,15 +65,20 @@ impl RedlockStore {
             .map(|&(i, _)| i)
             .collect();
         let valid = lease.saturating_sub(elapsed).saturating_sub(drift(lease));
-        let outcome = if granted.len() >= q && !valid.is_zero() {
+        let outcome = if unfenced > 0 && granted.len() + unfenced >= q && !valid.is_zero() {
+            // Nodes without fencing: the grant has no token (there is none
+            // to write back), whatever the other nodes minted.
+            Ok(AcquireOutcome::GrantedUnfenced)
+        } else if granted.len() >= q && !valid.is_zero() {
             let reentered = reentered.1.filter(|_| reentered.0 >= q);
             self.count_grant(key, owner, (lease, start), &granted, &maybe, reentered)
                 .await
         } else {
             // No majority (or no time left): undo, owner-checked.
             self.undo(&maybe, key, owner, false, start + lease).await;
-            if granted.len() + held.len() < q {
-                Err(self.no_quorum(Operation::Acquire, key, granted.len() + held.len()))
+            let answered = granted.len() + unfenced + held.len();
+            if answered < q {
+                Err(self.no_quorum(Operation::Acquire, key, answered))
             } else {
                 Ok(AcquireOutcome::Held {
                     remaining: held.into_iter().flatten().min(),
@@ -81,7 +89,10 @@ impl RedlockStore {
         // late grant of a lock that counts is ours like the others (the
         // guard's release goes to every node); of one that does not, it is
         // released there at once (owner-checked: never a later holder's).
-        let keep = matches!(outcome, Ok(AcquireOutcome::Granted(_)));
+        let keep = matches!(
+            outcome,
+            Ok(AcquireOutcome::Granted(_) | AcquireOutcome::GrantedUnfenced)
+        );
         let nodes = self.nodes.clone();
         let (k, o) = (key.clone(), owner.clone());
         quorum::in_background(stragglers, move |i, late| {
@@ -175,5 +186,11 @@ impl RedlockStore {
 }
 
 fn is_granted(answer: &Result<(AcquireOutcome, bool), Error>) -> bool {
-    matches!(answer, Ok((AcquireOutcome::Granted(_), _)))
+    matches!(
+        answer,
+        Ok((
+            AcquireOutcome::Granted(_) | AcquireOutcome::GrantedUnfenced,
+            _
+        ))
+    )
 }
