@@ -175,8 +175,11 @@ pub trait LockStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<Bytes>, Error>> + Send;
 
     /// Subscribes to release notifications for `key`. When this returns,
-    /// the subscription is in force: any release after this point fires the
-    /// watch (subscribe first, then retry — no missed wake-up).
+    /// the subscription is in force: any release after this point of a
+    /// lock that a waiter's try found held fires the watch (subscribe
+    /// first, then retry — no missed wake-up: a Redis store announces a
+    /// release only when an acquire that found the lock held marked it as
+    /// waited-for, and the try after subscribing does).
     fn subscribe(&self, key: &LockKey) -> impl Future<Output = Result<ReleaseWatch, Error>> + Send;
 
     /// Identifies the locks this store works on: clones of one store give
