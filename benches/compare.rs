@@ -215,30 +215,6 @@ fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
     (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
-fn pin_self_to_cpu0() {
-    // SAFETY: a zeroed cpu_set_t with one bit set, for this thread only.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(0, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-            0,
-            "sched_setaffinity"
-        );
-    }
-}
-
-fn pin_server_to_cpu1(server: &RedisServer) {
-    let pid = server.pid().expect("redis-server pid").to_string();
-    let ok = std::process::Command::new("taskset")
-        .args(["-a", "-p", "-c", "1", &pid])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .expect("taskset")
-        .success();
-    assert!(ok, "taskset -a -p -c 1 {pid}");
-}
-
 fn scenario(
     rt: &tokio::runtime::Runtime,
     name: &str,
@@ -248,7 +224,7 @@ fn scenario(
     cases: &[Case],
 ) {
     let servers: Vec<RedisServer> = (0..nodes).map(|_| RedisServer::start()).collect();
-    servers.iter().for_each(pin_server_to_cpu1);
+    servers.iter().for_each(common::pin_server_to_cpu1);
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
     let client = Arc::new(rt.block_on(Client::new(&urls)));
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); cases.len()];
@@ -295,7 +271,7 @@ fn main() {
         // `cargo test --benches` smoke run: nothing to measure.
         return;
     }
-    pin_self_to_cpu0();
+    common::pin_self_to_cpu0();
     let rt = common::runtime();
     let all = [Case::Raw, Case::Rslock, Case::Ours, Case::Unfenced];
     scenario(&rt, "S1", 1, 1, 3_000, &all);
