@@ -26,7 +26,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = RedisStore::from_url("redis://127.0.0.1:6379/")?;
     let locker = Locker::new(store);
     let guard = locker.acquire(&LockKey::new("jobs", "nightly")?).await?;
-    println!("fencing token {}", guard.fencing_token());
+    println!("fencing token {}", guard.fencing_token().unwrap());
     guard.release().await?;
     Ok(())
 }

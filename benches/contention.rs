@@ -38,10 +38,13 @@
 //! `INFO commandstats` deltas over the 500 grants, counted twice: every
 //! command Redis ran (including the ones scripts run, such as `PUBLISH`) and
 //! only the ones clients sent (round trips). The handoff gaps are also
-//! written to `target/contention-s3-gaps.csv`.
+//! written to `target/contention-s3-gaps.csv`, and plotted (a cumulative
+//! distribution per case, SVG written by hand) to
+//! `benches/plots/s3_handoff_gap.svg`.
 //!
-//! Run with `taskset -c 0 cargo bench --bench contention` (see
-//! BENCHMARKS.md); about 35 s.
+//! Run with `cargo bench --bench contention` (see BENCHMARKS.md); about
+//! 35 s. The bench pins itself to CPU 0 and its `redis-server` to CPU 1:
+//! do not wrap it in `taskset`, which would put both on one core.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -867,10 +870,68 @@ fn s3_write_csv(results: &[S3Result]) {
     }
 }
 
+/// The handoff gaps as a plot: one cumulative distribution per case, gap
+/// on a log scale, written by hand as SVG to `benches/plots/`.
+fn s3_write_svg(results: &[S3Result]) {
+    let (w, h, left, bottom) = (720.0, 400.0, 60.0, 40.0);
+    let (lo, hi) = (0.1f64.log10(), 100_000f64.log10());
+    let x = |us: f64| left + (us.max(0.1).log10() - lo) / (hi - lo) * (w - left - 20.0);
+    let y = |frac: f64| (h - bottom) - frac * (h - bottom - 20.0);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    for decade in -1..=5 {
+        let px = x(10f64.powi(decade));
+        let _ = writeln!(
+            svg,
+            "<line x1=\"{px:.1}\" y1=\"20\" x2=\"{px:.1}\" y2=\"{:.1}\" stroke=\"#ddd\"/><text x=\"{px:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            h - bottom,
+            h - bottom + 16.0,
+            10f64.powi(decade)
+        );
+    }
+    let _ = writeln!(
+        svg,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">handoff gap, µs (log scale); y: share of grants with a gap at most x</text>",
+        w / 2.0,
+        h - 6.0
+    );
+    let colours = ["#1f77b4", "#d62728", "#2ca02c"];
+    for (i, r) in results.iter().filter(|r| r.handoff).enumerate() {
+        let mut gaps = r.gaps();
+        gaps.sort_by(f64::total_cmp);
+        let n = gaps.len().max(1) as f64;
+        let points: Vec<String> = gaps
+            .iter()
+            .enumerate()
+            .map(|(k, g)| format!("{:.1},{:.1}", x(*g), y((k + 1) as f64 / n)))
+            .collect();
+        let colour = colours[i % colours.len()];
+        let _ = writeln!(
+            svg,
+            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.5\" points=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\" fill=\"{colour}\">{}</text>",
+            points.join(" "),
+            left + 10.0,
+            30.0 + 16.0 * i as f64,
+            r.imp.name()
+        );
+    }
+    svg.push_str("</svg>\n");
+    let path = std::path::Path::new("benches")
+        .join("plots")
+        .join("s3_handoff_gap.svg");
+    match std::fs::write(&path, svg) {
+        Ok(()) => println!("S3 handoff plot written to {}", path.display()),
+        Err(e) => println!("S3 handoff plot not written to {}: {e}", path.display()),
+    }
+}
+
 // ---------------------------------------------------------------------------
 
 fn main() {
     let server = RedisServer::start();
+    common::pin_self_to_cpu0();
+    common::pin_server_to_cpu1(&server);
     let rt = common::runtime();
     let s2 = rt.block_on(S2::connect(&server.url()));
 
@@ -898,6 +959,7 @@ fn main() {
     }
     s3_print(&results);
     s3_write_csv(&results);
+    s3_write_svg(&results);
     drop(s2);
     drop(rt);
     drop(server);

@@ -157,7 +157,7 @@ async fn raw_cycle(mut conn: MultiplexedConnection) {
 async fn locker_cycle<S: tower_redis_lock::LockStore>(locker: &Locker<S>) {
     let key = LockKey::new("bench", next_id().to_string()).expect("key");
     let guard = locker.try_acquire(&key).await.expect("try_acquire");
-    black_box(guard.fencing_token());
+    black_box(guard.fencing_token().unwrap());
     assert!(guard.release().await.expect("release"));
 }
 

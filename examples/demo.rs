@@ -110,7 +110,7 @@ async fn run_job(
                 .into_response();
         }
     };
-    let token = guard.fencing_token();
+    let token = guard.fencing_token().unwrap();
     tracing::info!(%id, fencing_token = token.get(), work_ms = work.as_millis() as u64, "job started");
     tokio::time::sleep(work).await;
     tracing::info!(%id, fencing_token = token.get(), still_held = guard.is_held(), "job finished");

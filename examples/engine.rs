@@ -37,7 +37,7 @@ async fn run<S: LockStore>(store: S) -> Result<(), Error> {
     println!(
         "acquired `{}` with fencing token {}",
         guard.key(),
-        guard.fencing_token()
+        guard.fencing_token().expect("RedisStore fences by default")
     );
 
     // Someone else tries while we hold it.
@@ -56,15 +56,15 @@ async fn run<S: LockStore>(store: S) -> Result<(), Error> {
         );
     }
 
-    let token = guard.fencing_token();
+    let token = guard.fencing_token().unwrap();
     println!("released (still ours: {})", guard.release().await?);
 
     let next = locker.try_acquire(&key).await?;
     println!(
         "next holder's fencing token {} > {}: {}",
-        next.fencing_token(),
+        next.fencing_token().unwrap(),
         token,
-        next.fencing_token() > token
+        next.fencing_token().unwrap() > token
     );
     next.release().await?;
     Ok(())

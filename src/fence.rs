@@ -51,7 +51,7 @@ pub enum FenceOutcome {
 /// let locker = Locker::new(RedisStore::from_url("redis://127.0.0.1/")?);
 /// let guard = locker.acquire(&LockKey::new("accounts", "acc_1")?).await?;
 /// let balance = FencedResource::new("balance:acc_1");
-/// match balance.set(&mut conn, guard.fencing_token(), "100").await? {
+/// match balance.set(&mut conn, guard.fencing_token()?, "100").await? {
 ///     FenceOutcome::Applied => {}
 ///     FenceOutcome::Stale { seen } => eprintln!("a newer holder ({seen}) got there first"),
 /// }

@@ -39,7 +39,7 @@ pub use store::{
     redis::{EvictionCheck, RedisStoreBuilder, ReplicaShortfall},
     redlock::RedlockStore,
 };
-pub use token::{FencingToken, OwnerToken, TokenRangeError};
+pub use token::{FencingToken, OwnerToken, TokenRangeError, Unfenced};
 
 pub use deadpool_redis;
 pub use redis;

@@ -67,7 +67,7 @@ pub(crate) fn acquired(
     span.record("waited_us", waited.as_micros() as u64);
     span.record("contended", contended);
     span.record("outcome", outcome);
-    if let Ok(Outcome::Granted(token)) = result {
+    if let Ok(Outcome::Granted(Some(token))) = result {
         span.record("fencing_token", token);
     }
     if let Err(e) = result
@@ -94,7 +94,8 @@ pub(crate) fn acquired(
 /// How an acquire that did not fail ended.
 #[derive(Clone, Copy)]
 pub(crate) enum Outcome {
-    Granted(u64),
+    /// With its fencing token (none for an unfenced store).
+    Granted(Option<u64>),
     Reentered,
     Completed,
 }
@@ -115,7 +116,7 @@ pub(crate) fn hold_started(lease: &Lease) {
     let _ = lease.span.set(tracing::info_span!(
         "lock.hold",
         key = %lease.key,
-        fencing_token = lease.token.get(),
+        fencing_token = lease.token.ok().map(crate::FencingToken::get),
         outcome = Empty,
     ));
 }

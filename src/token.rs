@@ -106,6 +106,22 @@ impl fmt::Display for FencingToken {
     }
 }
 
+/// Why a [`LockGuard`](crate::LockGuard) has no fencing token: its store
+/// grants without fencing ([`RedisStoreBuilder::fencing`](crate::RedisStoreBuilder::fencing)`(false)`,
+/// for efficiency locks that guard no resource able to check a token).
+/// The error of [`LockGuard::fencing_token`](crate::LockGuard::fencing_token)
+/// for such a lock: there is no token, not a token of zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Unfenced;
+
+impl fmt::Display for Unfenced {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the lock was granted without fencing: its store mints no fencing tokens")
+    }
+}
+
+impl std::error::Error for Unfenced {}
+
 impl From<FencingToken> for u64 {
     fn from(t: FencingToken) -> u64 {
         t.0

@@ -215,7 +215,7 @@ macro_rules! conformance {
                             if inside.fetch_add(1, Ordering::SeqCst) != 0 {
                                 overlaps.fetch_add(1, Ordering::SeqCst);
                             }
-                            tokens.push(g.fencing_token());
+                            tokens.push(g.fencing_token().unwrap());
                             tokio::task::yield_now().await;
                             inside.fetch_sub(1, Ordering::SeqCst);
                             grants.fetch_add(1, Ordering::SeqCst);

@@ -86,7 +86,7 @@ impl Drop for DropFlag {
 // ---------------------------------------------------------------------------
 
 async fn fencing_handler(guard: LockGuard, Extension(token): Extension<FencingToken>) -> String {
-    format!("{} {}", guard.fencing_token().get(), token.get())
+    format!("{} {}", guard.fencing_token().unwrap().get(), token.get())
 }
 
 #[tokio::test]
@@ -722,7 +722,7 @@ async fn poll_ready_forwards_the_inner_readiness_and_call_uses_the_ready_service
     let guard = req.extensions().get::<LockGuard>().cloned().unwrap();
     let token = *req.extensions().get::<FencingToken>().unwrap();
     assert_eq!(guard.key().as_str(), "mock:k1");
-    assert_eq!(guard.fencing_token(), token);
+    assert_eq!(guard.fencing_token().unwrap(), token);
     assert!(store.is_locked(guard.key()));
     drop(guard);
     // The allowance was used by that call: the service left in place is not

@@ -10,8 +10,8 @@ use tower::ServiceExt;
 use tower_redis_lock::{FencingToken, KeyFrom, LockGuard, LockLayer, Locker, MemoryStore};
 
 async fn token(guard: LockGuard, fencing: axum::Extension<FencingToken>) -> String {
-    assert_eq!(guard.fencing_token(), fencing.0);
-    guard.fencing_token().to_string()
+    assert_eq!(guard.fencing_token().unwrap(), fencing.0);
+    guard.fencing_token().unwrap().to_string()
 }
 
 fn layer(store: &MemoryStore, wait: Duration) -> LockLayer<MemoryStore> {

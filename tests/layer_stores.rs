@@ -291,7 +291,7 @@ async fn contention_answers_409_or_423_with_retry_after_and_the_handler_does_not
 // ---------------------------------------------------------------------------
 
 async fn fencing_handler(guard: LockGuard, Extension(token): Extension<FencingToken>) -> String {
-    format!("{} {}", guard.fencing_token().get(), token.get())
+    format!("{} {}", guard.fencing_token().unwrap().get(), token.get())
 }
 
 async fn the_fencing_token_is_the_same_everywhere_and_rises_with_every_grant<
@@ -311,7 +311,7 @@ async fn the_fencing_token_is_the_same_everywhere_and_rises_with_every_grant<
             // A grant outside the layer, on the same key: the counter is
             // the store's, so the layer's next token is larger still.
             let guard = probe.try_acquire(&k).await.unwrap();
-            let token = guard.fencing_token().get();
+            let token = guard.fencing_token().unwrap().get();
             assert!(guard.release().await.unwrap());
             token
         } else {
@@ -352,7 +352,10 @@ async fn concurrent_duplicates_run_one_at_a_time_and_all_succeed<St: LockStore +
         move |guard: LockGuard| async move {
             let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
             most_inside.fetch_max(now, Ordering::SeqCst);
-            tokens.lock().unwrap().push(guard.fencing_token().get());
+            tokens
+                .lock()
+                .unwrap()
+                .push(guard.fencing_token().unwrap().get());
             // Give any other request the chance to come in.
             for _ in 0..3 {
                 tokio::task::yield_now().await;
@@ -777,7 +780,10 @@ async fn nested_layers_and_the_handler_reenter_one_lock<St: LockStore + Clone>(s
         let locker = inner_locker.clone();
         async move {
             let again = locker.acquire(guard.key()).await.unwrap();
-            assert_eq!(again.fencing_token(), guard.fencing_token());
+            assert_eq!(
+                again.fencing_token().unwrap(),
+                guard.fencing_token().unwrap()
+            );
             let holds = again.hold_count();
             again.release().await.unwrap();
             assert!(guard.is_held(), "the layers' holds keep the lock");

@@ -151,7 +151,7 @@ async fn acquire_hold_and_release_spans_nest_under_the_callers_span() {
         .instrument(request.clone())
         .await
         .unwrap();
-    let token = guard.fencing_token().get().to_string();
+    let token = guard.fencing_token().unwrap().get().to_string();
 
     let acquire = seen.one("lock.acquire");
     assert_eq!(acquire.parent, Some("request"));

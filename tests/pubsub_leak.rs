@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use support::topology::Cluster;
 use support::{RedisServer, eventually};
-use tower_redis_lock::{LockKey, LockStore, OwnerToken, RedisStore, ReleaseWatch};
+use tower_redis_lock::{AcquireOutcome, LockKey, LockStore, OwnerToken, RedisStore, ReleaseWatch};
 
 type Subscribing<'a> =
     Pin<Box<dyn Future<Output = Result<ReleaseWatch, tower_redis_lock::Error>> + 'a>>;
@@ -92,7 +92,7 @@ async fn waiters_that_leave_at_any_point_leave_no_subscription() {
 async fn a_burst_of_distinct_keys_leaves_nothing_per_key() {
     let server = RedisServer::start();
     let store = RedisStore::from_url(&server.url()).unwrap();
-    let owner = OwnerToken::generate();
+    let (owner, other) = (OwnerToken::generate(), OwnerToken::generate());
     let mut peak = 0;
     for chunk in 0..20 {
         let keys: Vec<LockKey> = (0..500)
@@ -110,6 +110,15 @@ async fn a_burst_of_distinct_keys_leaves_nothing_per_key() {
             .map(Result::unwrap)
             .collect::<Vec<_>>();
         peak = peak.max(store.notification_channels().0);
+        // Each waiter tries after subscribing, as the engine's do: the try
+        // finds the lock held and marks it, so its release is announced.
+        for k in &keys {
+            let tried = store.acquire(k, &other, Duration::from_secs(30)).await;
+            assert!(
+                matches!(tried, Ok(AcquireOutcome::Held { .. })),
+                "{tried:?}"
+            );
+        }
         for k in &keys {
             assert!(store.release(k, &owner).await.unwrap());
         }

@@ -87,7 +87,7 @@ async fn keys_share_one_hash_tag_and_carry_the_value_we_expect() {
         .cmd(&["GET", &redis_name("orders", "ord_1", "fence")])
         .as_string()
         .unwrap();
-    assert_eq!(counter, g.fencing_token().to_string());
+    assert_eq!(counter, g.fencing_token().unwrap().to_string());
     // Both keys expire: nothing is left behind per distinct lock key.
     for k in server.keys() {
         let ttl = server.cmd(&["PTTL", &k]).as_int().unwrap();
@@ -187,13 +187,13 @@ async fn local_waiters_ask_the_store_nothing_while_the_lock_is_held_here() {
     // The second waiter is now at the head of the queue while the first
     // holds the lock here; the release notification of the holder arrives
     // meanwhile. It must not ask the store, only wait for the local release.
-    let t1 = g1.fencing_token();
+    let t1 = g1.fencing_token().unwrap();
     assert!(g1.release().await.unwrap());
     let g2 = timeout(Duration::from_secs(10), second)
         .await
         .unwrap()
         .unwrap();
-    assert!(g2.fencing_token() > t1);
+    assert!(g2.fencing_token().unwrap() > t1);
     // The holder's release, the first's grant and release, the second's
     // grant: nothing else.
     assert_eq!(
@@ -258,7 +258,11 @@ async fn loss_is_reported_when_the_key_is_overwritten_by_another_owner() {
     let server = RedisServer::start();
     let l = locker(&server, 300, 0);
     let g = l.acquire(&key("stolen")).await.unwrap();
-    let thief = format!("{}:{}", "f".repeat(32), g.fencing_token().get() + 1);
+    let thief = format!(
+        "{}:{}",
+        "f".repeat(32),
+        g.fencing_token().unwrap().get() + 1
+    );
     server.cmd(&[
         "SET",
         &redis_name("engine", "stolen", "lock"),
@@ -373,7 +377,7 @@ async fn tokens_keep_increasing_after_the_counter_retention_lapses() {
     let l = Locker::new(st);
     let k = key("retention");
     let first = l.acquire(&k).await.unwrap();
-    let t1 = first.fencing_token();
+    let t1 = first.fencing_token().unwrap();
     first.release().await.unwrap();
     // The counter key expires after the retention ...
     assert!(
@@ -383,7 +387,7 @@ async fn tokens_keep_increasing_after_the_counter_retention_lapses() {
     );
     // ... and the next token is still greater.
     let second = l.acquire(&k).await.unwrap();
-    assert!(second.fencing_token() > t1);
+    assert!(second.fencing_token().unwrap() > t1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -471,20 +475,20 @@ async fn fenced_resource_refuses_a_stale_holder() {
     let res = FencedResource::new("balance:{acc_1}");
 
     let old = l.acquire(&k).await.unwrap();
-    let old_token = old.fencing_token();
+    let old_token = old.fencing_token().unwrap();
     // The old holder stalls past its lease (the watchdog cannot help a
     // process that is paused; here we simply stop renewing by forgetting).
     server.cmd(&["DEL", &redis_name("engine", "fenced", "lock")]);
     let new = l.acquire(&k).await.unwrap();
-    assert!(new.fencing_token() > old_token);
+    assert!(new.fencing_token().unwrap() > old_token);
     assert_eq!(
-        res.set(&mut conn, new.fencing_token(), "200")
+        res.set(&mut conn, new.fencing_token().unwrap(), "200")
             .await
             .unwrap(),
         FenceOutcome::Applied
     );
     assert_eq!(
-        res.set(&mut conn, new.fencing_token(), "210")
+        res.set(&mut conn, new.fencing_token().unwrap(), "210")
             .await
             .unwrap(),
         FenceOutcome::Applied,
@@ -493,12 +497,12 @@ async fn fenced_resource_refuses_a_stale_holder() {
     assert_eq!(
         res.set(&mut conn, old_token, "100").await.unwrap(),
         FenceOutcome::Stale {
-            seen: new.fencing_token()
+            seen: new.fencing_token().unwrap()
         }
     );
     let (value, token) = res.get(&mut conn).await.unwrap().unwrap();
     assert_eq!(value, b"210");
-    assert_eq!(token, new.fencing_token());
+    assert_eq!(token, new.fencing_token().unwrap());
 }
 
 #[tokio::test]
@@ -516,10 +520,10 @@ async fn a_counter_ahead_of_the_clock_still_gives_larger_tokens() {
         "60000",
     ]);
     let g = l.try_acquire(&key("ahead")).await.unwrap();
-    assert_eq!(g.fencing_token().get(), ahead + 1);
+    assert_eq!(g.fencing_token().unwrap().get(), ahead + 1);
     g.release().await.unwrap();
     let g = l.try_acquire(&key("ahead")).await.unwrap();
-    assert_eq!(g.fencing_token().get(), ahead + 2);
+    assert_eq!(g.fencing_token().unwrap().get(), ahead + 2);
     assert_eq!(
         server
             .cmd(&["GET", &redis_name("engine", "ahead", "fence")])
@@ -544,7 +548,10 @@ async fn a_counter_ahead_of_the_clock_still_gives_larger_tokens() {
         .unwrap()
         .as_micros() as u64;
     // (Same machine, so the same clock, up to the time this took.)
-    assert!(g.fencing_token().get() > now_us - 60_000_000, "{g:?}");
+    assert!(
+        g.fencing_token().unwrap().get() > now_us - 60_000_000,
+        "{g:?}"
+    );
 }
 
 #[tokio::test]
@@ -601,7 +608,10 @@ async fn tokens_rise_per_key_when_ids_share_a_bucket() {
         // Both held at once: one counter, two locks.
         let ga = l.try_acquire(&a).await.unwrap();
         let gb = l.try_acquire(&b).await.unwrap();
-        let (ta, tb) = (ga.fencing_token().get(), gb.fencing_token().get());
+        let (ta, tb) = (
+            ga.fencing_token().unwrap().get(),
+            gb.fencing_token().unwrap().get(),
+        );
         assert!(
             ta > last.0 && tb > last.1,
             "round {round}: {ta}, {tb} after {last:?}"

@@ -83,38 +83,46 @@ async fn tokens_increase_across_grants_whose_majorities_differ() {
     assert!(tokens[0].get() > AHEAD, "{tokens:?}");
 }
 
-/// The write-back of the token reaches only one node of five (three are
-/// frozen between the grant and the write-back, while the acquire still
-/// waits for a fifth, frozen node): the acquire answers Unavailable and,
-/// once the nodes are back, nothing is left locked.
+/// The write-back of the token reaches only one node of five: nodes 2, 3
+/// and 4 are frozen while nodes 0 and 1 grant; nodes 0 and 1 are frozen in
+/// turn, and node 2, whose counter is far ahead (so the token is its own
+/// and the others need the write-back), is thawed: its grant makes the
+/// quorum, the write-back to nodes 0 and 1 times out, and the acquire
+/// answers Unavailable; once the nodes are back, nothing is left locked.
+/// (Before issue 13 the acquire waited for every node; it answers at a
+/// quorum now, so the window is made by freezing the nodes that need the
+/// write-back before the quorum is reached.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_back_short_of_a_quorum_is_no_grant() {
     let servers = start_independent(5);
-    // A long timeout: the frozen fifth node holds the acquire back that
-    // long after the other four granted.
     let store = stores::redlock_over(&servers, Duration::from_millis(1500));
     let k = key("write-back");
     let owner = OwnerToken::generate();
-    servers[4].freeze();
+    let fence = store.nodes()[2].fence_key(&k);
+    servers[2].cmd(&["SET", &fence, &AHEAD.to_string()]);
+    for s in &servers[2..] {
+        s.freeze();
+    }
     let acquire = tokio::spawn({
         let (store, k, owner) = (store.clone(), k.clone(), owner.clone());
         async move { store.acquire(&k, &owner, LEASE).await }
     });
     let locks: Vec<String> = store.nodes().iter().map(|n| n.lock_key(&k)).collect();
-    let granted_on_four = eventually(Duration::from_secs(10), async || {
-        (0..4).all(|i| servers[i].cmd(&["EXISTS", &locks[i]]).as_int() == Some(1))
+    let granted_on_two = eventually(Duration::from_secs(10), async || {
+        (0..2).all(|i| servers[i].cmd(&["EXISTS", &locks[i]]).as_int() == Some(1))
     })
     .await;
-    assert!(granted_on_four);
+    assert!(granted_on_two);
     assert!(
         !acquire.is_finished(),
-        "the acquire did not wait for node 4"
+        "the acquire answered without a quorum"
     );
-    for s in &servers[1..4] {
+    for s in &servers[..2] {
         s.freeze();
     }
+    servers[2].thaw();
     unavailable(acquire.await.unwrap());
-    for s in &servers[1..] {
+    for s in &servers {
         s.thaw();
     }
     let unlocked = eventually(Duration::from_secs(10), async || {

@@ -47,8 +47,8 @@ async fn holds_are_counted<St: LockStore + Clone>(locker: Locker<St>, other: Loc
     let a = outer.reenter().unwrap();
     let b = a.reenter().unwrap();
     assert_eq!(outer.hold_count(), 3);
-    assert_eq!(a.fencing_token(), outer.fencing_token());
-    assert_eq!(b.fencing_token(), outer.fencing_token());
+    assert_eq!(a.fencing_token().unwrap(), outer.fencing_token().unwrap());
+    assert_eq!(b.fencing_token().unwrap(), outer.fencing_token().unwrap());
     assert!(
         b.release().await.unwrap(),
         "the lock stays held for the others"
@@ -149,14 +149,14 @@ async fn the_locker_reenters_inside_the_scope_only() {
         .scope(async {
             // The same task, same store: one more hold, same token, no wait.
             let again = locker.acquire(&k).await.unwrap();
-            assert_eq!(again.fencing_token(), guard.fencing_token());
+            assert_eq!(again.fencing_token().unwrap(), guard.fencing_token().unwrap());
             assert_eq!(guard.hold_count(), 2);
             // Scopes nest; the replay form re-enters too.
             let other = key("other");
             let g2 = locker.acquire(&other).await.unwrap();
             g2.scope(async {
                 let third = locker.acquire_or_replay_within(&k, Duration::ZERO).await.unwrap();
-                assert!(matches!(third, tower_redis_lock::Acquired::Locked(ref g) if g.fencing_token() == guard.fencing_token()));
+                assert!(matches!(third, tower_redis_lock::Acquired::Locked(ref g) if g.fencing_token().unwrap() == guard.fencing_token().unwrap()));
                 assert_eq!(guard.hold_count(), 3);
                 assert_eq!(locker.acquire(&other).await.unwrap().hold_count(), 2);
             })
@@ -204,7 +204,7 @@ async fn no_reentry_into_a_lost_or_released_lock() {
     // Inside its scope the locker does not re-enter a lost lock: it takes
     // a new grant with a newer token.
     let fresh = guard.scope(locker.acquire(&k)).await.unwrap();
-    assert!(fresh.fencing_token() > guard.fencing_token());
+    assert!(fresh.fencing_token().unwrap() > guard.fencing_token().unwrap());
     assert_eq!(fresh.hold_count(), 1);
     fresh.release().await.unwrap();
 
@@ -257,7 +257,7 @@ async fn nested_work(locker: Locker<RedisStore>, guard: LockGuard) -> String {
     // locker and the key.
     let again = locker.acquire(&k).await.unwrap();
     assert_eq!(again.hold_count(), 2);
-    let token = again.fencing_token();
+    let token = again.fencing_token().unwrap();
     again.release().await.unwrap();
     assert!(guard.is_held(), "the layer's hold keeps the lock");
     token.to_string()

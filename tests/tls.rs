@@ -193,10 +193,15 @@ async fn grants_and_releases(store: RedisStore) {
     let waiter = {
         let locker = locker.clone();
         let key = key.clone();
-        tokio::spawn(async move { locker.acquire(&key).await.map(|g| g.fencing_token()) })
+        tokio::spawn(async move {
+            locker
+                .acquire(&key)
+                .await
+                .map(|g| g.fencing_token().unwrap())
+        })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let first = held.fencing_token();
+    let first = held.fencing_token().unwrap();
     assert!(held.release().await.unwrap());
     let second = waiter.await.unwrap().unwrap();
     assert!(second > first, "{second} after {first}");

@@ -48,3 +48,30 @@ pub fn server_cpu(server: &RedisServer) -> Duration {
     };
     Duration::from_secs_f64(field("used_cpu_user") + field("used_cpu_sys"))
 }
+
+/// Pins this thread (the current-thread runtime's) to CPU 0.
+pub fn pin_self_to_cpu0() {
+    // SAFETY: a zeroed cpu_set_t with one bit set, for this thread only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "sched_setaffinity"
+        );
+    }
+}
+
+/// Pins every thread of `server` to CPU 1 (`taskset -a -p -c 1`), so
+/// that client and server never share a core.
+pub fn pin_server_to_cpu1(server: &RedisServer) {
+    let pid = server.pid().expect("redis-server pid").to_string();
+    let ok = std::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", "1", &pid])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("taskset")
+        .success();
+    assert!(ok, "taskset -a -p -c 1 {pid}");
+}

@@ -181,7 +181,8 @@ async fn github(
 
 /// Works, then applies the event with the lock's fencing token.
 async fn deliver(app: &AppState, source: &str, id: &str, guard: &LockGuard) -> Response {
-    let token = guard.fencing_token();
+    // The example's stores are fenced (the default).
+    let token = guard.fencing_token().expect("a fenced store");
     tracing::info!(
         source,
         id,

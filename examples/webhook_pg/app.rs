@@ -75,7 +75,9 @@ async fn stripe(State(app): State<Arc<AppState>>, guard: LockGuard, body: Bytes)
              integer `amount`",
         );
     };
-    let token = guard.fencing_token();
+    // The example's stores are fenced (the default): a token is what makes
+    // the late writer's transaction refuse.
+    let token = guard.fencing_token().expect("a fenced store");
     tracing::info!(
         id = charge.id,
         fencing_token = token.get(),

@@ -18,7 +18,7 @@ use super::reentry;
 use super::watchdog::Cmd;
 use crate::observe;
 use crate::store::LockStore;
-use crate::{Error, FencingToken, LockKey};
+use crate::{Error, FencingToken, LockKey, Unfenced};
 
 /// Proof that we hold a lock, for as long as [`is_held`](LockGuard::is_held)
 /// says so.
@@ -47,8 +47,9 @@ use crate::{Error, FencingToken, LockKey};
 /// let locker = Locker::new(MemoryStore::new());
 /// let guard = locker.acquire(&LockKey::new("invoices", "inv_7")?).await?;
 ///
-/// // Hand the fencing token to the resource you write to.
-/// let token = guard.fencing_token();
+/// // Hand the fencing token to the resource you write to (a store built
+/// // `fencing(false)` on the store builder answers `Err(Unfenced)` here: it mints none).
+/// let token = guard.fencing_token().expect("the memory store fences");
 /// assert!(guard.is_held());
 ///
 /// tokio::select! {
@@ -180,8 +181,10 @@ impl LockGuard {
         &self.shared.lease().key
     }
 
-    /// The fencing token of this grant.
-    pub fn fencing_token(&self) -> FencingToken {
+    /// The fencing token of this grant, or [`Unfenced`] when its store
+    /// grants without fencing ([`RedisStoreBuilder::fencing`](crate::RedisStoreBuilder::fencing)`(false)`):
+    /// then there is no token at all, never a token of zero.
+    pub fn fencing_token(&self) -> Result<FencingToken, Unfenced> {
         self.shared.lease().token
     }
 
@@ -292,7 +295,7 @@ impl LockGuard {
         span.in_scope(|| match &res {
             Ok(stored) => tracing::debug!(
                 key = %l.key,
-                fencing_token = l.token.get(),
+                fencing_token = l.token.ok().map(crate::FencingToken::get),
                 stored,
                 bytes = len,
                 "lock finished with a completed record"

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::time::far_add;
-use crate::{FencingToken, LockKey, OwnerToken};
+use crate::{FencingToken, LockKey, OwnerToken, Unfenced};
 
 const HELD: u8 = 0;
 const LOST: u8 = 1;
@@ -38,7 +38,7 @@ pub(crate) struct Lease {
     pub(crate) id: u64,
     pub(crate) key: LockKey,
     pub(crate) owner: OwnerToken,
-    pub(crate) token: FencingToken,
+    pub(crate) token: Result<FencingToken, Unfenced>,
     pub(crate) lease: Duration,
     pub(crate) drift: Duration,
     pub(crate) acquired_at: Instant,
@@ -60,7 +60,7 @@ impl Lease {
         id: u64,
         key: LockKey,
         owner: OwnerToken,
-        token: FencingToken,
+        token: Result<FencingToken, Unfenced>,
         lease: Duration,
         drift: Duration,
         attempt_start: Instant,
@@ -139,7 +139,7 @@ impl Lease {
             self.lost.cancel();
             tracing::warn!(
                 key = %self.key,
-                fencing_token = self.token.get(),
+                fencing_token = self.token.ok().map(FencingToken::get),
                 reason = ?reason,
                 held_ms = self.acquired_at.elapsed().as_millis() as u64,
                 "lock lost"

@@ -46,7 +46,9 @@ pub enum Acquired {
 ///
 /// let key = LockKey::new("reports", "2026-11")?;
 /// let guard = locker.acquire(&key).await?;
-/// println!("fencing token {}", guard.fencing_token());
+/// if let Ok(token) = guard.fencing_token() {
+///     println!("fencing token {token}");
+/// }
 /// guard.release().await?;
 /// # Ok(())
 /// # }

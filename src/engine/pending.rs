@@ -113,7 +113,7 @@ impl Ending {
         if !spawn_detached(self.runtime.as_ref(), job) {
             tracing::warn!(
                 key = %self.lease.key,
-                fencing_token = self.lease.token.get(),
+                fencing_token = self.lease.token.ok().map(crate::FencingToken::get),
                 "no runtime left to release the lock on; the lease will expire on its own"
             );
         }
@@ -185,7 +185,7 @@ pub(crate) fn trace_release(l: &Lease, res: &Result<bool, Error>) {
     match res {
         Ok(owned) => tracing::debug!(
             key = %l.key,
-            fencing_token = l.token.get(),
+            fencing_token = l.token.ok().map(crate::FencingToken::get),
             owned,
             held_ms = l.acquired_at.elapsed().as_millis() as u64,
             "lock released"
@@ -194,7 +194,7 @@ pub(crate) fn trace_release(l: &Lease, res: &Result<bool, Error>) {
             crate::observe::store_error(e);
             tracing::warn!(
                 key = %l.key,
-                fencing_token = l.token.get(),
+                fencing_token = l.token.ok().map(crate::FencingToken::get),
                 error = %e,
                 "lock release failed; retrying in the background"
             )
@@ -231,7 +231,7 @@ async fn end_lock(lease: Arc<Lease>, store: BoxStore, local: Queues, op: EndOp, 
         Some(owned) => trace_release(l, &Ok(owned)),
         None => tracing::warn!(
             key = %l.key,
-            fencing_token = l.token.get(),
+            fencing_token = l.token.ok().map(crate::FencingToken::get),
             "lock release kept failing; the lease will expire on its own"
         ),
     }

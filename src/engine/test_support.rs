@@ -32,7 +32,7 @@ pub(crate) async fn grant(
         0,
         key.clone(),
         owner,
-        token,
+        Ok(token),
         lease,
         drift(lease),
         start,

@@ -20,7 +20,7 @@ use crate::error::ConfigError;
 use crate::observe::{self, Outcome};
 use crate::store::{AcquireOutcome, LockStore, ReleaseWatch};
 use crate::time::{drift, far_add};
-use crate::{Error, LockKey, OwnerToken};
+use crate::{Error, LockKey, OwnerToken, Unfenced};
 
 /// What one try found.
 enum Step {
@@ -241,8 +241,24 @@ impl<S: LockStore> Locker<S> {
             store.acquire(key, owner, first).await?
         };
         pending.disarm();
-        match outcome {
-            AcquireOutcome::Granted(token) => {
+        let token = match outcome {
+            AcquireOutcome::Granted(token) => Ok(token),
+            AcquireOutcome::GrantedUnfenced => Err(Unfenced),
+            AcquireOutcome::Held { remaining } => return Ok(Step::Held(remaining)),
+            AcquireOutcome::Completed(raw) => {
+                let completed = Ok(Outcome::Completed);
+                observe::acquired(
+                    &Span::current(),
+                    key,
+                    start.elapsed(),
+                    contended,
+                    &completed,
+                );
+                return Ok(Step::Done(Acquired::Completed(raw)));
+            }
+        };
+        {
+            {
                 let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
                 let lease = Arc::new(Lease::new(
                     id,
@@ -265,13 +281,13 @@ impl<S: LockStore> Locker<S> {
                 };
                 tracing::debug!(
                     key = %key,
-                    fencing_token = token.get(),
+                    fencing_token = token.ok().map(crate::FencingToken::get),
                     waited_us = start.elapsed().as_micros() as u64,
                     contended,
                     attempts,
                     "lock acquired"
                 );
-                let granted = Ok(Outcome::Granted(token.get()));
+                let granted = Ok(Outcome::Granted(token.ok().map(crate::FencingToken::get)));
                 observe::acquired(&Span::current(), key, start.elapsed(), contended, &granted);
                 let end = Ending {
                     lease,
@@ -280,18 +296,6 @@ impl<S: LockStore> Locker<S> {
                     runtime: Some(runtime),
                 };
                 Ok(Step::Done(Acquired::Locked(LockGuard::new(end, watchdog))))
-            }
-            AcquireOutcome::Held { remaining } => Ok(Step::Held(remaining)),
-            AcquireOutcome::Completed(raw) => {
-                let completed = Ok(Outcome::Completed);
-                observe::acquired(
-                    &Span::current(),
-                    key,
-                    start.elapsed(),
-                    contended,
-                    &completed,
-                );
-                Ok(Step::Done(Acquired::Completed(raw)))
             }
         }
     }

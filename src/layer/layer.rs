@@ -98,7 +98,7 @@ impl<St> Config<St> {
 /// use tower_redis_lock::{KeyFrom, LockGuard, LockLayer, Locker, MemoryStore};
 ///
 /// async fn capture(guard: LockGuard) -> String {
-///     format!("captured under fencing token {}", guard.fencing_token())
+///     format!("captured under fencing token {}", guard.fencing_token().unwrap())
 /// }
 ///
 /// // One locker for the app; each layer gets a clone.

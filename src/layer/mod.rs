@@ -7,7 +7,7 @@
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! async fn rebalance(guard: LockGuard) -> String {
-//!     format!("fencing token {}", guard.fencing_token())
+//!     format!("fencing token {}", guard.fencing_token().unwrap())
 //! }
 //!
 //! let locker = Locker::builder(MemoryStore::new())

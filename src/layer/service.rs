@@ -17,7 +17,7 @@ use super::key::route_namespace;
 use super::layer::{Config, OnLockLost, OnMissingKey, OnStoreError};
 use super::problem::Problem;
 use super::replay::{finish, replay};
-use crate::{Acquired, BoxError, Error, LockGuard, LockKey, LockStore};
+use crate::{Acquired, BoxError, Error, FencingToken, LockGuard, LockKey, LockStore};
 
 /// Namespace used when no namespace is set and no route matched.
 const FALLBACK_NAMESPACE: &str = "http";
@@ -323,14 +323,20 @@ where
         let token = guard.fencing_token();
         req.extensions_mut().insert(guard.clone());
         let mut res = guard.scope(inner.call(req)).await?;
-        res.headers_mut()
-            .insert(c.header.clone(), HeaderValue::from(token.get()));
+        if let Ok(token) = token {
+            res.headers_mut()
+                .insert(c.header.clone(), HeaderValue::from(token.get()));
+        }
         let _ = guard.release().await;
         return Ok(res.map(|b| ResponseBody::inner(b, None)));
     }
-    let token = guard.fencing_token();
+    // An unfenced lock (its store mints no tokens) shows no token anywhere:
+    // no extension, no header.
+    let token = guard.fencing_token().ok();
     req.extensions_mut().insert(guard.clone());
-    req.extensions_mut().insert(token);
+    if let Some(token) = token {
+        req.extensions_mut().insert(token);
+    }
     if c.idempotency.is_some() {
         req.extensions_mut().insert(IdempotentHold(key.clone()));
     }
@@ -345,7 +351,7 @@ where
                 res = fut => res,
                 _ = guard.lost() => {
                     let lost = Error::LockLost { key: key.clone() };
-                    tracing::warn!(key = %key, fencing_token = token.get(), "lock lost; handler aborted");
+                    tracing::warn!(key = %key, fencing_token = token.map(FencingToken::get), "lock lost; handler aborted");
                     let _ = guard.release().await;
                     return Ok(problem(Problem::from_error(&lost, c.contention)));
                 }
@@ -359,8 +365,10 @@ where
             return Err(e);
         }
     };
-    res.headers_mut()
-        .insert(c.header.clone(), HeaderValue::from(token.get()));
+    if let Some(token) = token {
+        res.headers_mut()
+            .insert(c.header.clone(), HeaderValue::from(token.get()));
+    }
 
     // 4. Record the outcome (idempotency), then release before the response
     // leaves (so a client that got an answer finds the lock free), or when

@@ -55,7 +55,7 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// /// Not generic over the store.
 /// async fn charge(state: &AppState, invoice: &str) -> Result<u64, tower_redis_lock::Error> {
 ///     let guard = state.locker.acquire(&LockKey::new("invoices", invoice)?).await?;
-///     let token = guard.fencing_token().get();
+///     let token = guard.fencing_token().expect("a fenced store").get();
 ///     guard.release().await?;
 ///     Ok(token)
 /// }

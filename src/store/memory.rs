@@ -154,7 +154,7 @@ impl MemoryStore {
     /// let guard = locker.acquire(&key).await?;
     ///
     /// let newer = store.take_over(&key, Duration::from_secs(30));
-    /// assert!(newer > guard.fencing_token());
+    /// assert!(newer > guard.fencing_token().expect("the memory store fences"));
     /// let err = guard.extend().await.unwrap_err();
     /// assert!(matches!(err, tower_redis_lock::Error::LockLost { .. }));
     /// assert!(!guard.release().await?, "no longer ours to release");

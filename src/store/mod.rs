@@ -38,6 +38,12 @@ pub use boxed::BoxStore;
 pub enum AcquireOutcome {
     /// The lock is ours, with this fencing token.
     Granted(FencingToken),
+    /// The lock is ours, and the store mints no fencing tokens (a
+    /// [`RedisStore`](crate::RedisStore) built
+    /// [`fencing(false)`](crate::RedisStoreBuilder::fencing)). The
+    /// guard's [`fencing_token`](crate::LockGuard::fencing_token) answers
+    /// [`Unfenced`](crate::Unfenced).
+    GrantedUnfenced,
     /// Someone else holds it. `remaining` is the holder's remaining lease,
     /// `None` when the key has no expiry (written by something else).
     Held {
@@ -130,7 +136,10 @@ pub trait LockStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<AcquireOutcome, Error>> + Send {
         async move {
             let outcome = self.acquire(key, owner, lease).await?;
-            if !matches!(outcome, AcquireOutcome::Granted(_)) {
+            if !matches!(
+                outcome,
+                AcquireOutcome::Granted(_) | AcquireOutcome::GrantedUnfenced
+            ) {
                 return Ok(outcome);
             }
             match self.read_record(key).await {
@@ -166,8 +175,11 @@ pub trait LockStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<Bytes>, Error>> + Send;
 
     /// Subscribes to release notifications for `key`. When this returns,
-    /// the subscription is in force: any release after this point fires the
-    /// watch (subscribe first, then retry — no missed wake-up).
+    /// the subscription is in force: any release after this point of a
+    /// lock that a waiter's try found held fires the watch (subscribe
+    /// first, then retry — no missed wake-up: a Redis store announces a
+    /// release only when an acquire that found the lock held marked it as
+    /// waited-for, and the try after subscribing does).
     fn subscribe(&self, key: &LockKey) -> impl Future<Output = Result<ReleaseWatch, Error>> + Send;
 
     /// Identifies the locks this store works on: clones of one store give

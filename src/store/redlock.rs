@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use super::{AcquireOutcome, LockStore, ReleaseWatch, Renewal};
 use crate::error::ConfigError;
-use crate::time::drift;
-use crate::{Error, FencingToken, LockKey, Operation, OwnerToken, RedisStore};
+use crate::{Error, LockKey, Operation, OwnerToken, RedisStore};
+use quorum::{gather, tally};
 
 /// The Redlock algorithm over N independent Redis primaries (use 5, or 3).
 ///
@@ -19,9 +19,15 @@ use crate::{Error, FencingToken, LockKey, Operation, OwnerToken, RedisStore};
 ///   (N/2 + 1) granted within the validity `lease − elapsed − (lease/100 +
 ///   2 ms)`; otherwise it releases everywhere and reports the lock held (or
 ///   the store unavailable, when too few nodes answered to ever reach a
-///   majority — the layer then fails closed);
+///   majority — the layer then fails closed). It answers as soon as a
+///   majority granted (or too many refused): the nodes still working
+///   finish in the background, where a late grant of a lock that counts
+///   stays (the release goes to every node, behind it on that node's
+///   connection) and one of a lock that does not count is released at
+///   once, owner-checked;
 /// * renewals and releases go to every node; a renewal holds when a
-///   majority extended;
+///   majority extended; a release answers at a majority (the other nodes
+///   release in the background);
 /// * an owner-checked write (extend, release, finish) answers `Ok(true)` on
 ///   a majority of yes, `Ok(false)` ("not the owner") only when definite
 ///   refusals leave no majority possible, and otherwise
@@ -46,9 +52,10 @@ use crate::{Error, FencingToken, LockKey, Operation, OwnerToken, RedisStore};
 /// # Fencing, and what Redlock cannot promise
 ///
 /// Each node mints its own token (`max(last + 1, TIME µs)`); the grant's
-/// token is the largest of the majority's, written back to every granting
-/// node's counter. The token counts only once a majority acknowledged the
-/// write-back; short of that the grant is undone and the acquire answers
+/// token is the largest of the majority's, written back to the counters of
+/// the granting nodes that minted less. The token counts only once a
+/// majority holds a counter at least as large (the node that minted it
+/// without a write-back, the others once they acknowledged it); short of that the grant is undone and the acquire answers
 /// [`Error::Unavailable`]. Any two majorities share a node, so tokens increase
 /// *while a majority keeps its data*. They do not survive more than a
 /// minority losing state: a node restarted without persistence forgets its
@@ -63,6 +70,10 @@ pub struct RedlockStore {
     nodes: Arc<[RedisStore]>,
     quorum: usize,
 }
+
+mod grant;
+mod quorum;
+mod undo;
 
 /// How long an undone finish keeps trying nodes that did not answer.
 const UNDO_FOR: Duration = Duration::from_secs(60);
@@ -127,79 +138,6 @@ impl RedlockStore {
             })
         }
     }
-
-    async fn release_everywhere(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-    ) -> Vec<Result<bool, Error>> {
-        join_all(self.nodes.iter().map(|n| n.release(key, owner))).await
-    }
-
-    /// Undoes a grant (or a finish, with `rollback`) that did not count:
-    /// owner-checked, on every node, now; nodes that did not answer are
-    /// tried again in the background until they do or `until` passes (a
-    /// frozen node keeps the lock, or runs a queued finish late, after it
-    /// is back — and a client may not even send a command queued behind one
-    /// that timed out).
-    async fn undo(&self, key: &LockKey, owner: &OwnerToken, rollback: bool, until: Instant) {
-        let answers = join_all(
-            self.nodes
-                .iter()
-                .map(|node| undo_node(node, key, owner, rollback)),
-        )
-        .await;
-        let mut pending: Vec<RedisStore> = self
-            .nodes
-            .iter()
-            .zip(&answers)
-            .filter(|(_, a)| a.is_err())
-            .map(|(n, _)| n.clone())
-            .collect();
-        if pending.is_empty() || Instant::now() >= until {
-            return;
-        }
-        let (key, owner) = (key.clone(), owner.clone());
-        tokio::spawn(async move {
-            let mut pause = Duration::from_millis(50);
-            while !pending.is_empty() && Instant::now() < until {
-                tokio::time::sleep(pause.min(until.saturating_duration_since(Instant::now())))
-                    .await;
-                pause = (pause * 2).min(Duration::from_secs(1));
-                let answers = join_all(
-                    pending
-                        .iter()
-                        .map(|node| undo_node(node, &key, &owner, rollback)),
-                )
-                .await;
-                let mut answers = answers.iter();
-                pending.retain(|_| answers.next().is_some_and(Result::is_err));
-            }
-        });
-    }
-}
-
-/// Undoes a grant on one node (owner-checked): takes back the record it
-/// may have written first, with `rollback`, then releases the lock.
-async fn undo_node(
-    node: &RedisStore,
-    key: &LockKey,
-    owner: &OwnerToken,
-    rollback: bool,
-) -> Result<bool, Error> {
-    if rollback {
-        node.rollback_record(key, owner).await?;
-    }
-    node.release(key, owner).await
-}
-
-/// How many answers are `Ok(true)` and how many `Ok(false)`.
-fn tally<'a>(answers: impl IntoIterator<Item = &'a Result<bool, Error>>) -> (usize, usize) {
-    answers.into_iter().fold((0, 0), |(yes, no), a| match a {
-        Ok(true) => (yes + 1, no),
-        Ok(false) => (yes, no + 1),
-        Err(_) => (yes, no),
-    })
 }
 
 impl LockStore for RedlockStore {
@@ -213,60 +151,7 @@ impl LockStore for RedlockStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<AcquireOutcome, Error> {
-        let start = Instant::now();
-        let answers = join_all(self.nodes.iter().map(|n| n.acquire(key, owner, lease))).await;
-        let elapsed = start.elapsed();
-        let mut granted: Vec<(usize, FencingToken)> = Vec::new();
-        let mut held: Vec<Option<Duration>> = Vec::new();
-        for (i, a) in answers.iter().enumerate() {
-            match a {
-                Ok(AcquireOutcome::Granted(t)) => granted.push((i, *t)),
-                Ok(AcquireOutcome::Held { remaining }) => held.push(*remaining),
-                Ok(AcquireOutcome::Completed(_)) | Err(_) => {}
-            }
-        }
-        let valid = lease.saturating_sub(elapsed).saturating_sub(drift(lease));
-        if granted.len() >= self.quorum && !valid.is_zero() {
-            let token = granted
-                .iter()
-                .map(|&(_, t)| t)
-                .max()
-                .unwrap_or(FencingToken::new(0));
-            // Write the token back so the next majority, which shares a node
-            // with this one, mints a larger one. The token counts only once
-            // a quorum holds a counter at least as large.
-            let acks = join_all(
-                granted
-                    .iter()
-                    .map(|&(i, _)| self.nodes[i].raise_fence(key, token)),
-            )
-            .await
-            .iter()
-            .filter(|a| a.is_ok())
-            .count();
-            if acks >= self.quorum {
-                return Ok(AcquireOutcome::Granted(token));
-            }
-            self.undo(key, owner, false, start + lease).await;
-            return Err(Error::Unavailable {
-                op: Operation::Acquire,
-                key: Some(key.clone()),
-                source: format!(
-                    "the fencing token reached only {acks} of {} Redlock nodes; {} needed",
-                    self.nodes.len(),
-                    self.quorum
-                )
-                .into(),
-            });
-        }
-        // No majority (or no time left): undo everywhere, owner-checked.
-        self.undo(key, owner, false, start + lease).await;
-        if granted.len() + held.len() < self.quorum {
-            return Err(self.no_quorum(Operation::Acquire, key, granted.len() + held.len()));
-        }
-        Ok(AcquireOutcome::Held {
-            remaining: held.into_iter().flatten().min(),
-        })
+        self.grant(key, owner, lease).await
     }
 
     async fn extend(
@@ -293,8 +178,24 @@ impl LockStore for RedlockStore {
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
-        let answers = self.release_everywhere(key, owner).await;
-        let (yes, no) = tally(&answers);
+        let (n, q) = (self.nodes.len(), self.quorum);
+        let (k, o) = (key.clone(), owner.clone());
+        // Decided at a quorum of yes, or when refusals leave none possible;
+        // the other nodes release in the background.
+        let (answers, stragglers) = gather(
+            self.indexed(),
+            move |node| {
+                let (k, o) = (k.clone(), o.clone());
+                async move { node.release(&k, &o).await }
+            },
+            |a| {
+                let (yes, no) = tally(a.iter().map(|(_, r)| r));
+                yes >= q || no > n - q
+            },
+        )
+        .await;
+        quorum::in_background(stragglers, |_, _| async {});
+        let (yes, no) = tally(answers.iter().map(|(_, r)| r));
         self.verdict(Operation::Release, key, yes, no)
     }
 
@@ -317,8 +218,9 @@ impl LockStore for RedlockStore {
             // been written (owner-checked: never a later holder's), and the
             // lock with it. Nodes that do not answer are tried again for a
             // while: one may run the queued finish late.
-            self.undo(key, owner, true, Instant::now() + retention.min(UNDO_FOR))
-                .await;
+            let every: Vec<usize> = (0..self.nodes.len()).collect();
+            let until = Instant::now() + retention.min(UNDO_FOR);
+            self.undo(&every, key, owner, true, until).await;
         }
         self.verdict(Operation::Release, key, yes, no)
     }

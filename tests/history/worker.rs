@@ -217,7 +217,7 @@ pub async fn worker_loop<S: LockStore + Clone>(spec: &WorkerSpec, log: &mut Even
                 "key={} grant={} token={} attempt={attempt} style={style:?}",
                 grant.key,
                 grant.id,
-                guard.fencing_token().get()
+                guard.fencing_token().unwrap().get()
             ),
         );
         observe(log, &grant, &guard);
@@ -317,7 +317,7 @@ impl Grant {
     ) {
         *writes += 1;
         let value = format!("{}/{}", self.id, writes);
-        let token = guard.fencing_token();
+        let token = guard.fencing_token().unwrap();
         let sent = mono_ns();
         let res = tokio::time::timeout(CALL_GUARD, self.resource.set(conn, token, &value)).await;
         let result = match res {

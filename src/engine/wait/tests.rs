@@ -96,14 +96,14 @@ async fn a_new_acquirer_that_means_to_wait_queues_behind_the_waiters() {
     let first = l.acquire(&k).await.unwrap();
     let waiter = {
         let (l, k) = (l.clone(), k.clone());
-        tokio::spawn(async move { l.acquire(&k).await.unwrap().fencing_token() })
+        tokio::spawn(async move { l.acquire(&k).await.unwrap().fencing_token().unwrap() })
     };
     settle().await;
     // Released, and at once (before the woken waiter runs) a newcomer
     // asks: it queues, and the waiter goes first.
     first.release().await.unwrap();
     let g = l.acquire(&k).await.unwrap();
-    let came_later = g.fencing_token();
+    let came_later = g.fencing_token().unwrap();
     let waited = waiter.await.unwrap();
     assert!(waited < came_later, "{waited:?} then {came_later:?}");
 }

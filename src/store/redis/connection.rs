@@ -122,6 +122,13 @@ impl RedisStore {
         };
         let mut conn = conn;
         #[cfg_attr(not(feature = "cluster"), allow(irrefutable_let_patterns))]
+        if let Conn::Single(c) = &mut conn {
+            // The client's own response timeout (500 ms by default) would
+            // cut every call short of a longer command timeout; set past
+            // it, so that the command timeout is what answers.
+            c.set_response_timeout(self.inner.timeout.saturating_add(Duration::from_secs(1)));
+        }
+        #[cfg_attr(not(feature = "cluster"), allow(irrefutable_let_patterns))]
         if let Conn::Single(_) = conn {
             // Load the scripts once per connection, in one round trip, so
             // that first uses do not pay for a NOSCRIPT answer. (EVALSHA

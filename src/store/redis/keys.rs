@@ -9,6 +9,10 @@ pub(super) const FENCE: &str = "fence";
 pub(super) const RECORD: &str = "record";
 pub(super) const RECORD_WRITER: &str = "record-writer";
 pub(super) const RELEASED: &str = "released";
+/// The waited-for mark: set by an acquire that finds the lock held, so the
+/// release publishes (only then); deleted by the release, and never
+/// outliving the holder's lease.
+pub(super) const WAITED: &str = "waited";
 
 /// Fencing counters per namespace. The counter of a lock is shared by every
 /// id whose [`bucket`] is the same, so the fencing state in Redis is bounded
@@ -91,6 +95,12 @@ impl RedisStore {
         self.name(key, RECORD).to_string()
     }
 
+    /// The Redis key that marks `key`'s lock as waited-for (set by an
+    /// acquire that finds it held; the release publishes only then).
+    pub fn waited_key(&self, key: &LockKey) -> String {
+        self.name(key, WAITED).to_string()
+    }
+
     /// The channel on which `key`'s releases are published.
     pub fn release_channel(&self, key: &LockKey) -> String {
         self.name(key, RELEASED).to_string()
@@ -124,6 +134,7 @@ mod tests {
     fn names_follow_the_documented_layout() {
         assert_eq!(name("42", LOCK), "trl:{orders:170}:42:lock");
         assert_eq!(name("42", RELEASED), "trl:{orders:170}:42:released");
+        assert_eq!(name("42", WAITED), "trl:{orders:170}:42:waited");
         assert_eq!(name("ord_1", RECORD), "trl:{orders:2b1}:ord_1:record");
         // The fencing counter is the bucket's, shared by its ids.
         assert_eq!(name("42", FENCE), "trl:{orders:170}:fence");

@@ -35,7 +35,7 @@ mod settings;
 
 use connection::{Conn, Source};
 pub use eviction::EvictionCheck;
-use keys::{LOCK, RECORD, RELEASED};
+use keys::{LOCK, RECORD, RELEASED, WAITED};
 use notifier::{Notifier, PubSubSource};
 pub use replicas::ReplicaShortfall;
 use replicas::WaitReplicas;
@@ -89,6 +89,8 @@ struct Inner {
     connecting: tokio::sync::Mutex<()>,
     prefix: String,
     fence_retention_ms: u64,
+    /// Whether grants mint fencing tokens (`RedisStoreBuilder::fencing`).
+    fencing: bool,
     timeout: Duration,
     pubsub: Option<PubSubSource>,
     wait_replicas: Option<WaitReplicas>,
@@ -108,6 +110,7 @@ impl std::fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("prefix", &self.inner.prefix)
             .field("fence_retention_ms", &self.inner.fence_retention_ms)
+            .field("fencing", &self.inner.fencing)
             .field("timeout", &self.inner.timeout)
             .field("notifications", &self.inner.pubsub.is_some())
             .field("topology", &self.inner.source.topology())
@@ -165,7 +168,7 @@ impl LockStore for RedisStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<AcquireOutcome, Error> {
-        self.acquire_script(key, owner, lease, false).await
+        Ok(self.acquire_script(key, owner, lease, false).await?.0)
     }
 
     async fn acquire_or_replay(
@@ -174,7 +177,7 @@ impl LockStore for RedisStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<AcquireOutcome, Error> {
-        self.acquire_script(key, owner, lease, true).await
+        Ok(self.acquire_script(key, owner, lease, true).await?.0)
     }
 
     async fn finish(
@@ -281,7 +284,8 @@ impl LockStore for RedisStore {
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
         let mut inv = RELEASE.key(self.name(key, LOCK));
-        inv.arg(owner.as_str())
+        inv.key(self.name(key, WAITED))
+            .arg(owner.as_str())
             .arg(self.publish_command())
             .arg(self.name(key, RELEASED));
         let n: i64 = self

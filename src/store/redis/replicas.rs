@@ -73,7 +73,7 @@ impl RedisStore {
             };
             let (kind, value): (i64, redis::Value) =
                 inv.invoke_async(&mut conn).await.map_err(fail)?;
-            let acked = if kind == 1 {
+            let acked = if kind == 1 || kind == 3 {
                 let n: i64 = redis::cmd("WAIT")
                     .arg(w.replicas)
                     .arg(ms(w.timeout))

@@ -2,9 +2,10 @@
 //! what they take and answer), built once and run with EVALSHA (reloaded
 //! on `NOSCRIPT`), and the store's calls that run them.
 //!
-//! Release and finish announce the release with the publish command they
-//! are given (`PUBLISH`, or `SPUBLISH` on a cluster: the channel shares the
-//! lock's hash tag, so it is in the script's slot) on the release channel.
+//! Release and finish announce the release on the release channel, when a
+//! waiter marked the lock (an acquire that found it held), with the publish
+//! command they are given (`PUBLISH`, or `SPUBLISH` on a cluster: the
+//! channel shares the lock's hash tag, so it is in the script's slot).
 //! `pcall`: a server that lacks the command (a cluster before Redis 7)
 //! still releases; its waiters poll.
 
@@ -14,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::Script;
 
-use super::keys::{FENCE, LOCK, RECORD, RECORD_WRITER, RELEASED};
+use super::keys::{FENCE, LOCK, RECORD, RECORD_WRITER, RELEASED, WAITED};
 use super::{RedisStore, ms};
 use crate::store::AcquireOutcome;
 use crate::{Error, FencingToken, LockKey, Operation, OwnerToken};
@@ -23,11 +24,13 @@ pub(super) const ACQUIRE_SRC: &str = include_str!("scripts/acquire.lua");
 pub(super) const EXTEND_SRC: &str = include_str!("scripts/extend.lua");
 pub(super) const RELEASE_SRC: &str = include_str!("scripts/release.lua");
 pub(super) const FINISH_SRC: &str = include_str!("scripts/finish.lua");
+pub(super) const GRANT_UNFENCED_SRC: &str = include_str!("scripts/grant_unfenced.lua");
 
 pub(super) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_SRC));
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_SRC));
 pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SRC));
 static FINISH: LazyLock<Script> = LazyLock::new(|| Script::new(FINISH_SRC));
+static GRANT_UNFENCED: LazyLock<Script> = LazyLock::new(|| Script::new(GRANT_UNFENCED_SRC));
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
 static ROLLBACK: LazyLock<Script> =
@@ -35,24 +38,60 @@ static ROLLBACK: LazyLock<Script> =
 
 /// The scripts every command connection loads up front (in one round trip,
 /// so that first uses do not pay for a `NOSCRIPT` answer).
-pub(super) const PRELOADED: [&str; 4] = [ACQUIRE_SRC, EXTEND_SRC, RELEASE_SRC, FINISH_SRC];
+pub(super) const PRELOADED: [&str; 5] = [
+    ACQUIRE_SRC,
+    EXTEND_SRC,
+    RELEASE_SRC,
+    FINISH_SRC,
+    GRANT_UNFENCED_SRC,
+];
 
 impl RedisStore {
-    pub(super) async fn acquire_script(
+    /// The acquire script: its outcome, and whether the lock was ours
+    /// already (a re-entry: the token is the counter's, see acquire.lua).
+    pub(crate) async fn acquire_script(
         &self,
         key: &LockKey,
         owner: &OwnerToken,
         lease: Duration,
         replay: bool,
-    ) -> Result<AcquireOutcome, Error> {
-        let mut inv = ACQUIRE.key(self.name(key, LOCK));
-        inv.key(self.name(key, FENCE));
+    ) -> Result<(AcquireOutcome, bool), Error> {
+        let fencing = self.inner.fencing;
+        if !fencing && !replay && self.inner.wait_replicas.is_none() {
+            // Without fencing, a free lock is one plain SET; the script
+            // runs only when that found the key taken.
+            let lock = self.name(key, LOCK);
+            let set: Option<String> = self
+                .with_conn(Operation::Acquire, Some(key), |mut c| async move {
+                    redis::cmd("SET")
+                        .arg(lock)
+                        .arg(owner.as_str())
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(ms(lease))
+                        .query_async(&mut c)
+                        .await
+                })
+                .await?;
+            if set.is_some() {
+                return Ok((AcquireOutcome::GrantedUnfenced, false));
+            }
+        }
+        let mut inv = if fencing {
+            let mut inv = ACQUIRE.key(self.name(key, LOCK));
+            inv.key(self.name(key, FENCE));
+            inv
+        } else {
+            GRANT_UNFENCED.key(self.name(key, LOCK))
+        };
+        inv.key(self.name(key, WAITED));
         if replay {
             inv.key(self.name(key, RECORD));
         }
-        inv.arg(owner.as_str())
-            .arg(ms(lease))
-            .arg(self.inner.fence_retention_ms);
+        inv.arg(owner.as_str()).arg(ms(lease));
+        if fencing {
+            inv.arg(self.inner.fence_retention_ms);
+        }
         let (kind, value) = match self.inner.wait_replicas {
             None => {
                 self.with_conn(Operation::Acquire, Some(key), |mut c| async move {
@@ -74,16 +113,25 @@ impl RedisStore {
             source: "unexpected reply from the acquire script".into(),
         };
         Ok(match (kind, value) {
-            (1, redis::Value::BulkString(digits)) => AcquireOutcome::Granted(FencingToken::new(
-                std::str::from_utf8(&digits)
-                    .ok()
-                    .and_then(|d| d.parse().ok())
-                    .ok_or_else(unexpected)?,
-            )),
-            (0, redis::Value::Int(n)) => AcquireOutcome::Held {
-                remaining: (n >= 0).then(|| Duration::from_millis(n as u64)),
-            },
-            (2, redis::Value::BulkString(rec)) => AcquireOutcome::Completed(Bytes::from(rec)),
+            (1 | 3, _) if !fencing => (AcquireOutcome::GrantedUnfenced, kind == 3),
+            (1 | 3, redis::Value::BulkString(digits)) => (
+                AcquireOutcome::Granted(FencingToken::new(
+                    std::str::from_utf8(&digits)
+                        .ok()
+                        .and_then(|d| d.parse().ok())
+                        .ok_or_else(unexpected)?,
+                )),
+                kind == 3,
+            ),
+            (0, redis::Value::Int(n)) => (
+                AcquireOutcome::Held {
+                    remaining: (n >= 0).then(|| Duration::from_millis(n as u64)),
+                },
+                false,
+            ),
+            (2, redis::Value::BulkString(rec)) => {
+                (AcquireOutcome::Completed(Bytes::from(rec)), false)
+            }
             _ => return Err(unexpected()),
         })
     }
@@ -117,6 +165,7 @@ impl RedisStore {
     ) -> Result<bool, Error> {
         let mut inv = FINISH.key(self.name(key, LOCK));
         inv.key(self.name(key, RECORD));
+        inv.key(self.name(key, WAITED));
         if mark {
             inv.key(self.name(key, RECORD_WRITER));
         }

@@ -46,6 +46,7 @@ pub struct RedisStoreBuilder {
     notifications: Option<redis::Client>,
     prefix: String,
     fence_retention: Duration,
+    fencing: bool,
     command_timeout: Duration,
     wait_replicas: Option<(u32, Duration, ReplicaShortfall)>,
     eviction_check: EvictionCheck,
@@ -56,6 +57,7 @@ impl std::fmt::Debug for RedisStoreBuilder {
         f.debug_struct("RedisStoreBuilder")
             .field("prefix", &self.prefix)
             .field("fence_retention", &self.fence_retention)
+            .field("fencing", &self.fencing)
             .field("command_timeout", &self.command_timeout)
             .field("wait_replicas", &self.wait_replicas)
             .field("eviction_check", &self.eviction_check)
@@ -110,6 +112,7 @@ impl RedisStore {
                 connecting: tokio::sync::Mutex::new(()),
                 prefix: s.prefix,
                 fence_retention_ms: ms(s.fence_retention),
+                fencing: s.fencing,
                 timeout: s.command_timeout,
                 pubsub,
                 wait_replicas: s.wait_replicas,
@@ -126,6 +129,7 @@ impl RedisStore {
 struct Settings {
     prefix: String,
     fence_retention: Duration,
+    fencing: bool,
     command_timeout: Duration,
     wait_replicas: Option<WaitReplicas>,
     eviction_check: EvictionCheck,
@@ -136,6 +140,7 @@ impl Default for Settings {
         Settings {
             prefix: DEFAULT_PREFIX.to_owned(),
             fence_retention: DEFAULT_FENCE_RETENTION,
+            fencing: true,
             command_timeout: DEFAULT_TIMEOUT,
             wait_replicas: None,
             eviction_check: EvictionCheck::default(),
@@ -151,6 +156,7 @@ impl RedisStoreBuilder {
             notifications: None,
             prefix: d.prefix,
             fence_retention: d.fence_retention,
+            fencing: d.fencing,
             command_timeout: d.command_timeout,
             wait_replicas: None,
             eviction_check: d.eviction_check,
@@ -180,6 +186,22 @@ impl RedisStoreBuilder {
     /// stepping back within the retention.
     pub fn fence_retention(mut self, retention: Duration) -> Self {
         self.fence_retention = retention;
+        self
+    }
+
+    /// Whether grants mint fencing tokens (default `true`).
+    ///
+    /// `fencing(false)` is for efficiency locks, which only keep work from
+    /// being done twice at once and guard no resource that could check a
+    /// token: the grant is a plain `SET NX PX` (a script only when the lock
+    /// is taken, to learn the holder's lease and mark the lock as
+    /// waited-for), and a guard's
+    /// [`fencing_token`](crate::LockGuard::fencing_token) answers
+    /// [`Unfenced`](crate::Unfenced); the layer sends no `Fencing-Token`
+    /// header. Renewal, loss, waiting, cancellation safety and idempotency
+    /// are the same. See README, "Fencing, or not".
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.fencing = on;
         self
     }
 
@@ -269,6 +291,7 @@ impl RedisStoreBuilder {
         let settings = Settings {
             prefix: self.prefix,
             fence_retention: self.fence_retention,
+            fencing: self.fencing,
             command_timeout: self.command_timeout,
             wait_replicas,
             eviction_check: self.eviction_check,

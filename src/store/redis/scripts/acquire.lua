@@ -3,30 +3,42 @@
 -- It only rises, so each lock's tokens rise too, and Redis holds one counter
 -- per bucket, however many ids were ever locked.
 --
--- KEYS[1] lock, KEYS[2] bucket fence counter, KEYS[3] (optional) completed record
+-- KEYS[1] lock, KEYS[2] bucket fence counter, KEYS[3] waited-for mark,
+-- KEYS[4] (optional) completed record
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] fence retention ms
--- -> {1, token} granted (or re-entered by the same owner: same token),
+-- -> {1, token} granted, {3, token} re-entered by the same owner (the
+--    counter, which is at least the token of its grant),
 --    {0, pttl} held, {2, record} completed (only when KEYS[3] is given)
 --
 -- Written for Redis' cost model: every redis.call and every Lua string
 -- conversion is a large share of the script's time, so the grant is one
 -- `SET NX PX GET` (take it, or learn who has it), `TIME`, and one
--- `SET … PX GET` of the counter. The token is built from TIME's two strings
+-- `SET … PX GET` of the counter.
+--
+-- Finding the lock held (the contended path only) sets the waited-for mark,
+-- so that the holder's release announces itself; an uncontended release
+-- publishes nothing. The mark lives no longer than the holder's lease (a
+-- waiter tries again by then at the latest, and marks again), and the
+-- release deletes it. The token is built from TIME's two strings
 -- and compared as a string of digits, with no floating-point formatting on
 -- the usual path.
-if KEYS[3] then
-  local rec = redis.call('GET', KEYS[3])
+if KEYS[4] then
+  local rec = redis.call('GET', KEYS[4])
   if rec then return {2, rec} end
 end
 local cur = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
 if cur then
-  if cur ~= ARGV[1] then return {0, redis.call('PTTL', KEYS[1])} end
+  if cur ~= ARGV[1] then
+    local pttl = redis.call('PTTL', KEYS[1])
+    redis.call('SET', KEYS[3], '1', 'PX', pttl > 0 and pttl or ARGV[2])
+    return {0, pttl}
+  end
   -- Ours already (an attempt whose answer was lost): the counter is at
   -- least the token that attempt minted, and no other holder of this lock
   -- can have come between, so it is a valid token for this grant.
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   local last = redis.call('GET', KEYS[2])
-  if last then return {1, last} end
+  if last then return {3, last} end
 end
 -- token = max(last + 1, TIME in us), as a decimal string
 local t = redis.call('TIME')

@@ -1,8 +1,11 @@
--- KEYS[1] lock; ARGV[1] owner, ARGV[2] publish command, ARGV[3] release
--- channel -> 1 released, 0 not owner
+-- KEYS[1] lock, KEYS[2] waited-for mark; ARGV[1] owner, ARGV[2] publish
+-- command, ARGV[3] release channel -> 1 released, 0 not owner
+-- Publishes only when a waiter marked the lock (see acquire.lua): an
+-- uncontended release is the owner check and one DEL.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.pcall(ARGV[2], ARGV[3], '')
+  if redis.call('DEL', KEYS[1], KEYS[2]) > 1 then
+    redis.pcall(ARGV[2], ARGV[3], '')
+  end
   return 1
 end
 return 0

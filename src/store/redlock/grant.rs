@@ -1,0 +1,196 @@
+//! A grant: every node asked at once, answered at a quorum; the token
+//! written back where it is needed; the stragglers in the background.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::RedlockStore;
+use super::quorum::{self, gather};
+use crate::store::{AcquireOutcome, LockStore};
+use crate::time::drift;
+use crate::{Error, FencingToken, LockKey, Operation, OwnerToken, RedisStore};
+
+impl RedlockStore {
+    /// The grant: asks every node at once, answers at a quorum.
+    pub(super) async fn grant(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        let start = Instant::now();
+        let (n, q) = (self.nodes.len(), self.quorum);
+        let (k, o) = (key.clone(), owner.clone());
+        // Answer as soon as a quorum granted, or refusals and failures
+        // leave no quorum possible.
+        let (answers, stragglers) = gather(
+            self.indexed(),
+            move |node| {
+                let (k, o) = (k.clone(), o.clone());
+                async move { node.acquire_script(&k, &o, lease, false).await }
+            },
+            |a| {
+                let granted = a.iter().filter(|(_, r)| is_granted(r)).count();
+                granted >= q || a.len() - granted > n - q
+            },
+        )
+        .await;
+        let elapsed = start.elapsed();
+        let mut granted: Vec<(usize, FencingToken)> = Vec::new();
+        // Re-entries (the lock was ours already): how many, the least token.
+        let mut reentered: (usize, Option<FencingToken>) = (0, None);
+        let mut held: Vec<Option<Duration>> = Vec::new();
+        // Nodes that granted without fencing (`fencing(false)` on the store builder).
+        let mut unfenced = 0;
+        for (i, a) in &answers {
+            match a {
+                Ok((AcquireOutcome::Granted(t), again)) => {
+                    granted.push((*i, *t));
+                    if *again {
+                        let least = reentered.1.map_or(*t, |r| r.min(*t));
+                        reentered = (reentered.0 + 1, Some(least));
+                    }
+                }
+                Ok((AcquireOutcome::GrantedUnfenced, _)) => unfenced += 1,
+                Ok((AcquireOutcome::Held { remaining }, _)) => held.push(*remaining),
+                Ok((AcquireOutcome::Completed(_), _)) | Err(_) => {}
+            }
+        }
+        // Where the grant may have happened (answered granted, or failed);
+        // the nodes still working are handled with the stragglers.
+        let maybe: Vec<usize> = answers
+            .iter()
+            .filter(|(_, a)| a.is_err() || is_granted(a))
+            .map(|&(i, _)| i)
+            .collect();
+        let valid = lease.saturating_sub(elapsed).saturating_sub(drift(lease));
+        let outcome = if unfenced > 0 && granted.len() + unfenced >= q && !valid.is_zero() {
+            // Nodes without fencing: the grant has no token (there is none
+            // to write back), whatever the other nodes minted.
+            Ok(AcquireOutcome::GrantedUnfenced)
+        } else if granted.len() >= q && !valid.is_zero() {
+            let reentered = reentered.1.filter(|_| reentered.0 >= q);
+            self.count_grant(key, owner, (lease, start), &granted, &maybe, reentered)
+                .await
+        } else {
+            // No majority (or no time left): undo, owner-checked.
+            self.undo(&maybe, key, owner, false, start + lease).await;
+            let answered = granted.len() + unfenced + held.len();
+            if answered < q {
+                Err(self.no_quorum(Operation::Acquire, key, answered))
+            } else {
+                Ok(AcquireOutcome::Held {
+                    remaining: held.into_iter().flatten().min(),
+                })
+            }
+        };
+        // The nodes that have not answered yet finish in the background. A
+        // late grant of a lock that counts is ours like the others (the
+        // guard's release goes to every node); of one that does not, it is
+        // released there at once (owner-checked: never a later holder's).
+        let keep = matches!(
+            outcome,
+            Ok(AcquireOutcome::Granted(_) | AcquireOutcome::GrantedUnfenced)
+        );
+        let nodes = self.nodes.clone();
+        let (k, o) = (key.clone(), owner.clone());
+        quorum::in_background(stragglers, move |i, late| {
+            let (node, k, o) = (nodes[i].clone(), k.clone(), o.clone());
+            async move {
+                if !keep && is_granted(&late) {
+                    let _ = node.release(&k, &o).await;
+                }
+            }
+        });
+        outcome
+    }
+
+    /// The nodes with their indices, for [`gather`].
+    pub(super) fn indexed(&self) -> impl Iterator<Item = (usize, RedisStore)> + '_ {
+        self.nodes.iter().cloned().enumerate()
+    }
+
+    /// Writes `token` back to the granting nodes whose own counter is below
+    /// it, so that the next majority, which shares a node with this one,
+    /// mints a larger one; answers how many nodes hold a counter at least
+    /// as large, counting at a quorum (the rest finish in the background).
+    async fn write_back(
+        &self,
+        key: &LockKey,
+        token: FencingToken,
+        granted: &[(usize, FencingToken)],
+    ) -> usize {
+        let q = self.quorum;
+        let at_token = granted.iter().filter(|&&(_, t)| t == token).count();
+        if at_token >= q {
+            return at_token;
+        }
+        let below = granted
+            .iter()
+            .filter(|&&(_, t)| t < token)
+            .map(|&(i, _)| (i, self.nodes[i].clone()));
+        let k = key.clone();
+        let (answers, stragglers) = gather(
+            below,
+            move |node| {
+                let k = k.clone();
+                async move { node.raise_fence(&k, token).await }
+            },
+            |a| at_token + a.iter().filter(|(_, r)| r.is_ok()).count() >= q,
+        )
+        .await;
+        quorum::in_background(stragglers, |_, _| async {});
+        at_token + answers.iter().filter(|(_, r)| r.is_ok()).count()
+    }
+
+    /// A grant on a quorum: its token, once a quorum holds a counter at
+    /// least as large; undone otherwise. A re-entry (the lock was ours
+    /// already on a quorum, so nobody can have held it in between: an
+    /// attempt whose answer was lost) keeps the token of its grant, the
+    /// smallest counter among those nodes (a node that answered after the
+    /// grant counted minted a larger one).
+    async fn count_grant(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        (lease, start): (Duration, Instant),
+        granted: &[(usize, FencingToken)],
+        maybe: &[usize],
+        reentered: Option<FencingToken>,
+    ) -> Result<AcquireOutcome, Error> {
+        if let Some(token) = reentered {
+            return Ok(AcquireOutcome::Granted(token));
+        }
+        let token = granted
+            .iter()
+            .map(|&(_, t)| t)
+            .max()
+            .unwrap_or(FencingToken::new(0));
+        let acks = self.write_back(key, token, granted).await;
+        if acks >= self.quorum {
+            return Ok(AcquireOutcome::Granted(token));
+        }
+        self.undo(maybe, key, owner, false, start + lease).await;
+        Err(Error::Unavailable {
+            op: Operation::Acquire,
+            key: Some(key.clone()),
+            source: format!(
+                "the fencing token reached only {acks} of {} Redlock nodes; {} needed",
+                self.nodes.len(),
+                self.quorum
+            )
+            .into(),
+        })
+    }
+}
+
+fn is_granted(answer: &Result<(AcquireOutcome, bool), Error>) -> bool {
+    matches!(
+        answer,
+        Ok((
+            AcquireOutcome::Granted(_) | AcquireOutcome::GrantedUnfenced,
+            _
+        ))
+    )
+}

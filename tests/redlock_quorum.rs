@@ -1,0 +1,102 @@
+//! Redlock answers at a quorum: a frozen minority does not hold back a
+//! grant, a release or a refusal, and what it does late is cleaned up.
+//! Five real `redis-server` processes; the frozen nodes' commands would
+//! time out only after an hour, so only an answer at the quorum can come
+//! within the hang guard.
+
+mod support;
+
+use std::time::Duration;
+
+use support::topology::start_independent;
+use support::{RedisServer, eventually, stores};
+use tokio::time::timeout;
+use tower_redis_lock::{AcquireOutcome, LockKey, LockStore, OwnerToken, RedlockStore};
+
+const HOUR: Duration = Duration::from_secs(3600);
+/// Only a hang guard.
+const GUARD: Duration = Duration::from_secs(30);
+
+fn key(id: &str) -> LockKey {
+    LockKey::new("quorum", id).unwrap()
+}
+
+/// Connects the store to every node (a connection opened while a node is
+/// frozen fails at once, which would decide nothing about the quorum).
+async fn connect(store: &RedlockStore) {
+    let (k, owner) = (key("warm-up"), OwnerToken::generate());
+    let outcome = store.acquire(&k, &owner, HOUR).await.unwrap();
+    assert!(matches!(outcome, AcquireOutcome::Granted(_)));
+    assert!(store.release(&k, &owner).await.unwrap());
+}
+
+fn exists(servers: &[RedisServer], store: &RedlockStore, k: &LockKey, node: usize) -> bool {
+    let lock = store.nodes()[node].lock_key(k);
+    servers[node].cmd(&["EXISTS", &lock]).as_int() == Some(1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_minority_holds_back_neither_the_grant_nor_the_release() {
+    let servers = start_independent(5);
+    let store = stores::redlock_over(&servers, HOUR);
+    let (k, owner) = (key("minority"), OwnerToken::generate());
+    connect(&store).await;
+    servers[3].freeze();
+    servers[4].freeze();
+    let outcome = timeout(GUARD, store.acquire(&k, &owner, HOUR))
+        .await
+        .expect("the grant waited for the frozen nodes")
+        .unwrap();
+    assert!(matches!(outcome, AcquireOutcome::Granted(_)), "{outcome:?}");
+    let released = timeout(GUARD, store.release(&k, &owner))
+        .await
+        .expect("the release waited for the frozen nodes");
+    assert!(released.unwrap());
+    assert!((0..3).all(|i| !exists(&servers, &store, &k, i)));
+    // The frozen nodes run the grant, then the release queued behind it:
+    // no lock is left behind there.
+    servers[3].thaw();
+    servers[4].thaw();
+    let unlocked = eventually(GUARD, async || {
+        (3..5).all(|i| !exists(&servers, &store, &k, i))
+    })
+    .await;
+    assert!(unlocked, "a straggler's grant was left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_grant_of_a_refused_lock_is_released_and_a_later_holder_is_kept() {
+    let servers = start_independent(5);
+    let store = stores::redlock_over(&servers, HOUR);
+    let k = key("refused");
+    let (holder, ours) = (OwnerToken::generate(), OwnerToken::generate());
+    // Another owner holds the lock on nodes 0..3; nodes 3 and 4 are frozen.
+    for (i, s) in servers.iter().enumerate().take(3) {
+        let lock = store.nodes()[i].lock_key(&k);
+        s.cmd(&["SET", &lock, holder.as_str(), "PX", "3600000"]);
+    }
+    connect(&store).await;
+    servers[3].freeze();
+    servers[4].freeze();
+    let outcome = timeout(GUARD, store.acquire(&k, &ours, HOUR))
+        .await
+        .expect("the refusal waited for the frozen nodes")
+        .unwrap();
+    assert!(
+        matches!(outcome, AcquireOutcome::Held { .. }),
+        "{outcome:?}"
+    );
+    // Nodes 3 and 4 grant late; the grant did not count, so they are
+    // released there as soon as they answer. The holder keeps its nodes.
+    servers[3].thaw();
+    servers[4].thaw();
+    let released = eventually(GUARD, async || {
+        (3..5).all(|i| !exists(&servers, &store, &k, i))
+    })
+    .await;
+    assert!(released, "a late grant that did not count was left behind");
+    for (i, s) in servers.iter().enumerate().take(3) {
+        let lock = store.nodes()[i].lock_key(&k);
+        assert_eq!(s.cmd(&["GET", &lock]).as_string().unwrap(), holder.as_str());
+    }
+}
