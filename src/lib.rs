@@ -28,8 +28,8 @@ pub use layer::idempotency::Record;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use layer::{
-    Fingerprint, Idempotency, KeyFrom, Lock, LockLayer, LockLayerBuilder, MissingLockGuard,
-    OnLockLost, OnMissingKey, OnStoreError, Problem,
+    Fingerprint, Idempotency, KeyFrom, Lock, LockLayer, LockLayerBuilder, MissingFencingToken,
+    MissingLockGuard, OnLockLost, OnMissingKey, OnStoreError, Problem,
 };
 pub use store::BoxStore;
 pub use store::{

@@ -9,8 +9,8 @@ use http::{Request, StatusCode};
 use tower::ServiceExt;
 use tower_redis_lock::{FencingToken, KeyFrom, LockGuard, LockLayer, Locker, MemoryStore};
 
-async fn token(guard: LockGuard, fencing: axum::Extension<FencingToken>) -> String {
-    assert_eq!(guard.fencing_token().unwrap(), fencing.0);
+async fn token(guard: LockGuard, fencing: FencingToken) -> String {
+    assert_eq!(guard.fencing_token().unwrap(), fencing);
     guard.fencing_token().unwrap().to_string()
 }
 

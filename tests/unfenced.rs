@@ -159,6 +159,27 @@ async fn the_layer_sends_no_fencing_token_for_an_unfenced_lock() {
         "{:?}",
         reply.headers
     );
+
+    // A handler that asks for the token itself: `Option` sees none, the
+    // plain extractor refuses with a 500 problem naming the cause.
+    let layer = || {
+        LockLayer::builder(Locker::new(store(&server)), KeyFrom::path_param("id"))
+            .build()
+            .unwrap()
+    };
+    let app = Router::new()
+        .route(
+            "/opt/{id}",
+            post(|token: Option<FencingToken>| async move { format!("{token:?}") }).layer(layer()),
+        )
+        .route(
+            "/must/{id}",
+            post(|token: FencingToken| async move { token.to_string() }).layer(layer()),
+        );
+    assert_eq!(send(&app, post_to("/opt/j2")).await.text(), "None");
+    let reply = send(&app, post_to("/must/j3")).await;
+    assert_eq!(reply.status, http::StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(reply.text().contains("fencing(false)"), "{}", reply.text());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

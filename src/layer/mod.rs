@@ -39,7 +39,7 @@ mod replay;
 mod service;
 
 pub use body::ResponseBody;
-pub use extract::MissingLockGuard;
+pub use extract::{MissingFencingToken, MissingLockGuard};
 pub use future::ResponseFuture;
 pub use idempotency::{Fingerprint, IDEMPOTENT_REPLAYED, Idempotency, MAX_RETENTION};
 pub use key::KeyFrom;
