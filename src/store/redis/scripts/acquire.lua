@@ -30,7 +30,14 @@ local cur = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
 if cur then
   if cur ~= ARGV[1] then
     local pttl = redis.call('PTTL', KEYS[1])
-    redis.call('SET', KEYS[3], '1', 'PX', pttl > 0 and pttl or ARGV[2])
+    -- At the lock's own expiry (an absolute time: a relative one taken
+    -- from PTTL may land a millisecond past it).
+    local at = redis.call('PEXPIRETIME', KEYS[1])
+    if at > 0 then
+      redis.call('SET', KEYS[3], '1', 'PXAT', at)
+    else
+      redis.call('SET', KEYS[3], '1', 'PX', ARGV[2])
+    end
     return {0, pttl}
   end
   -- Ours already (an attempt whose answer was lost): the counter is at

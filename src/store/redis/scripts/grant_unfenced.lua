@@ -18,5 +18,11 @@ if cur == ARGV[1] then
   return {3, 0}
 end
 local pttl = redis.call('PTTL', KEYS[1])
-redis.call('SET', KEYS[2], '1', 'PX', pttl > 0 and pttl or ARGV[2])
+-- At the lock's own expiry (see acquire.lua).
+local at = redis.call('PEXPIRETIME', KEYS[1])
+if at > 0 then
+  redis.call('SET', KEYS[2], '1', 'PXAT', at)
+else
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+end
 return {0, pttl}
