@@ -44,23 +44,16 @@ const MAX_COMMAND_TIMEOUT: Duration = Duration::from_secs(3600);
 pub struct RedisStoreBuilder {
     source: Result<(Source, Option<PubSubSource>), ConfigError>,
     notifications: Option<redis::Client>,
-    prefix: String,
-    fence_retention: Duration,
-    fencing: bool,
-    command_timeout: Duration,
+    /// Checked, with `wait_replicas`, in `build`.
+    settings: Settings,
     wait_replicas: Option<(u32, Duration, ReplicaShortfall)>,
-    eviction_check: EvictionCheck,
 }
 
 impl std::fmt::Debug for RedisStoreBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStoreBuilder")
-            .field("prefix", &self.prefix)
-            .field("fence_retention", &self.fence_retention)
-            .field("fencing", &self.fencing)
-            .field("command_timeout", &self.command_timeout)
+            .field("settings", &self.settings)
             .field("wait_replicas", &self.wait_replicas)
-            .field("eviction_check", &self.eviction_check)
             .finish_non_exhaustive()
     }
 }
@@ -125,7 +118,8 @@ impl RedisStore {
     }
 }
 
-/// The checked settings of a store.
+/// The settings of a store (checked by `RedisStoreBuilder::build`).
+#[derive(Debug)]
 struct Settings {
     prefix: String,
     fence_retention: Duration,
@@ -150,16 +144,11 @@ impl Default for Settings {
 
 impl RedisStoreBuilder {
     pub(super) fn over(source: Result<(Source, Option<PubSubSource>), ConfigError>) -> Self {
-        let d = Settings::default();
         RedisStoreBuilder {
             source,
             notifications: None,
-            prefix: d.prefix,
-            fence_retention: d.fence_retention,
-            fencing: d.fencing,
-            command_timeout: d.command_timeout,
+            settings: Settings::default(),
             wait_replicas: None,
-            eviction_check: d.eviction_check,
         }
     }
 
@@ -175,7 +164,7 @@ impl RedisStoreBuilder {
     /// Prefix of every key and channel (default `trl`): 1 to 64 bytes of
     /// `A-Z a-z 0-9 _ - . / :`.
     pub fn prefix(mut self, prefix: &str) -> Self {
-        prefix.clone_into(&mut self.prefix);
+        prefix.clone_into(&mut self.settings.prefix);
         self
     }
 
@@ -185,7 +174,7 @@ impl RedisStoreBuilder {
     /// Redis `TIME` in µs; the counter only guards against the server clock
     /// stepping back within the retention.
     pub fn fence_retention(mut self, retention: Duration) -> Self {
-        self.fence_retention = retention;
+        self.settings.fence_retention = retention;
         self
     }
 
@@ -201,14 +190,14 @@ impl RedisStoreBuilder {
     /// header. Renewal, loss, waiting, cancellation safety and idempotency
     /// are the same. See README, "Fencing, or not".
     pub fn fencing(mut self, on: bool) -> Self {
-        self.fencing = on;
+        self.settings.fencing = on;
         self
     }
 
     /// Upper bound on each call to Redis, connection included (default 2 s,
     /// at least 1 ms, at most 1 h).
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.command_timeout = timeout;
+        self.settings.command_timeout = timeout;
         self
     }
 
@@ -233,7 +222,7 @@ impl RedisStoreBuilder {
     /// What to do on a server whose `maxmemory-policy` can evict locks (see
     /// [`EvictionCheck`]; default [`EvictionCheck::Log`]).
     pub fn eviction_check(mut self, check: EvictionCheck) -> Self {
-        self.eviction_check = check;
+        self.settings.eviction_check = check;
         self
     }
 
@@ -241,43 +230,41 @@ impl RedisStoreBuilder {
     /// connects on its first call.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
         let (source, mut pubsub) = self.source?;
-        validate_name(&self.prefix, true).map_err(|e| ConfigError::new("prefix", e.to_string()))?;
-        if self.fence_retention < Duration::from_secs(1) {
+        let mut s = self.settings;
+        validate_name(&s.prefix, true).map_err(|e| ConfigError::new("prefix", e.to_string()))?;
+        if s.fence_retention < Duration::from_secs(1) {
             return Err(ConfigError::new("fence_retention", "must be at least 1 s"));
         }
-        if self.fence_retention > MAX_PX {
+        if s.fence_retention > MAX_PX {
             return Err(ConfigError::new(
                 "fence_retention",
                 "must be at most 100 years (Redis refuses longer expiries)",
             ));
         }
-        if self.command_timeout < Duration::from_millis(1) {
+        if s.command_timeout < Duration::from_millis(1) {
             return Err(ConfigError::new("command_timeout", "must be at least 1 ms"));
         }
-        if self.command_timeout > MAX_COMMAND_TIMEOUT {
+        if s.command_timeout > MAX_COMMAND_TIMEOUT {
             return Err(ConfigError::new("command_timeout", "must be at most 1 h"));
         }
-        let wait_replicas = match self.wait_replicas {
-            None => None,
-            Some((replicas, timeout, on_shortfall)) => {
-                if replicas == 0 {
-                    return Err(ConfigError::new("wait_replicas", "must be at least 1"));
-                }
-                if source.is_cluster() {
-                    return Err(ConfigError::new(
-                        "wait_replicas",
-                        "not supported on a cluster store (WAIT is per node)",
-                    ));
-                }
-                if timeout.is_zero() || timeout >= self.command_timeout {
-                    return Err(ConfigError::new(
-                        "wait_replicas",
-                        "the timeout must be above 0 and below the command timeout",
-                    ));
-                }
-                Some(WaitReplicas::new(replicas, timeout, on_shortfall))
+        if let Some((replicas, timeout, on_shortfall)) = self.wait_replicas {
+            if replicas == 0 {
+                return Err(ConfigError::new("wait_replicas", "must be at least 1"));
             }
-        };
+            if source.is_cluster() {
+                return Err(ConfigError::new(
+                    "wait_replicas",
+                    "not supported on a cluster store (WAIT is per node)",
+                ));
+            }
+            if timeout.is_zero() || timeout >= s.command_timeout {
+                return Err(ConfigError::new(
+                    "wait_replicas",
+                    "the timeout must be above 0 and below the command timeout",
+                ));
+            }
+            s.wait_replicas = Some(WaitReplicas::new(replicas, timeout, on_shortfall));
+        }
         if let Some(client) = self.notifications {
             if source.is_cluster() {
                 return Err(ConfigError::new(
@@ -288,14 +275,6 @@ impl RedisStoreBuilder {
             }
             pubsub = Some(PubSubSource::Client(Box::new(client)));
         }
-        let settings = Settings {
-            prefix: self.prefix,
-            fence_retention: self.fence_retention,
-            fencing: self.fencing,
-            command_timeout: self.command_timeout,
-            wait_replicas,
-            eviction_check: self.eviction_check,
-        };
-        Ok(RedisStore::from_parts(source, pubsub, settings))
+        Ok(RedisStore::from_parts(source, pubsub, s))
     }
 }
