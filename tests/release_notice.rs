@@ -9,11 +9,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use support::RedisServer;
-use support::stores::redis_name;
+use support::stores::{redis_name, woken_only_by_notification};
 use tokio::time::timeout;
-use tower_redis_lock::{AcquireOutcome, LockKey, LockStore, Locker, OwnerToken, RedisStore};
+use tower_redis_lock::{AcquireOutcome, LockKey, LockStore, OwnerToken, RedisStore};
 
-const HOUR: Duration = Duration::from_secs(3600);
 /// Only a hang guard: every waiter below polls once an hour.
 const GUARD: Duration = Duration::from_secs(30);
 
@@ -114,14 +113,7 @@ async fn nothing_per_id_is_left_after_contended_locks_are_released() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_never_misses_the_release_whenever_it_happens() {
     let server = RedisServer::start();
-    let build = || {
-        Locker::builder(store(&server))
-            .lease(HOUR)
-            .wait_timeout(HOUR)
-            .poll_interval(HOUR)
-            .build()
-            .unwrap()
-    };
+    let build = || woken_only_by_notification(store(&server));
     let (holder, waiter) = (build(), build());
     for round in 0..60u32 {
         let id = format!("race-{round}");

@@ -12,7 +12,7 @@ use axum::extract::Extension;
 use axum::routing::post;
 use bytes::Bytes;
 use support::http::{post_to, send};
-use support::stores::redis_name;
+use support::stores::{redis_name, woken_only_by_notification};
 use support::topology::start_independent;
 use support::{RedisServer, eventually};
 use tokio::time::timeout;
@@ -69,14 +69,7 @@ async fn a_free_lock_is_one_plain_set_and_the_guard_says_it_has_no_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_is_told_the_lease_left_and_woken_by_the_release() {
     let server = RedisServer::start();
-    let build = || {
-        Locker::builder(store(&server))
-            .lease(HOUR)
-            .wait_timeout(HOUR)
-            .poll_interval(HOUR)
-            .build()
-            .unwrap()
-    };
+    let build = || woken_only_by_notification(store(&server));
     let (holder, waiter) = (build(), build());
     let k = key("waited");
     let held = holder.acquire(&k).await.unwrap();

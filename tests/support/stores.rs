@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use tower_redis_lock::{BoxStore, LockStore, MemoryStore, RedisStore, RedlockStore};
+use tower_redis_lock::{BoxStore, LockStore, Locker, MemoryStore, RedisStore, RedlockStore};
 
 use super::RedisServer;
 use super::topology::{Cluster, SentinelSet, start_independent};
@@ -80,4 +80,17 @@ pub fn redis_name(ns: &str, id: &str, suffix: &str) -> String {
         "waited" => store.waited_key(&key),
         other => panic!("no Redis name with suffix {other:?}"),
     }
+}
+
+/// A locker that only a release notification can wake: its lease, wait and
+/// poll interval are an hour, so a lost wake-up shows as a hang (which the
+/// test's own timeout turns into a failure).
+pub fn woken_only_by_notification<St: LockStore>(store: St) -> Locker<St> {
+    const HOUR: Duration = Duration::from_secs(3600);
+    Locker::builder(store)
+        .lease(HOUR)
+        .wait_timeout(HOUR)
+        .poll_interval(HOUR)
+        .build()
+        .unwrap()
 }
