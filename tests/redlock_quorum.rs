@@ -11,7 +11,7 @@ use std::time::Duration;
 use support::topology::start_independent;
 use support::{RedisServer, eventually, stores};
 use tokio::time::timeout;
-use tower_redis_lock::{AcquireOutcome, LockKey, LockStore, OwnerToken, RedlockStore};
+use tower_redis_lock::{AcquireOutcome, LockKey, LockStore, Locker, OwnerToken, RedlockStore};
 
 const HOUR: Duration = Duration::from_secs(3600);
 /// Only a hang guard.
@@ -99,4 +99,76 @@ async fn a_late_grant_of_a_refused_lock_is_released_and_a_later_holder_is_kept()
         let lock = store.nodes()[i].lock_key(&k);
         assert_eq!(s.cmd(&["GET", &lock]).as_string().unwrap(), holder.as_str());
     }
+}
+
+/// One acquire makes several attempts while the calls of the earlier ones
+/// are still queued on a frozen node. When the node comes back, those
+/// late grants do not count and are released in the background — and that
+/// release must never take the lock a later attempt of the same acquire
+/// was granted. (Found by `history_redlock_3_nodes`: every attempt of an
+/// acquire used one owner token, so the late release of attempt 1 deleted
+/// attempt 3's lock on the node it had counted, and another worker got a
+/// majority while the guard still promised validity.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_attempts_late_release_never_takes_a_later_attempts_lock() {
+    let servers = start_independent(3);
+    let store = stores::redlock_over(&servers, HOUR);
+    let k = key("attempts");
+    let other = OwnerToken::generate();
+    connect(&store).await;
+    // Another owner holds nodes 0 and 1; node 2 is frozen.
+    for node in &store.nodes()[..2] {
+        let outcome = node.acquire(&k, &other, HOUR).await.unwrap();
+        assert!(matches!(outcome, AcquireOutcome::Granted(_)), "{outcome:?}");
+    }
+    servers[2].freeze();
+    let locker = Locker::builder(store.clone())
+        .lease(Duration::from_secs(2))
+        .wait_timeout(Duration::from_secs(20))
+        .poll_interval(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let waiter = tokio::spawn(async move { locker.acquire(&k).await });
+    // Attempts refused by nodes 0 and 1 (each leaves its call queued on
+    // node 2), until node 0 is free: then an attempt is granted there and
+    // waits for node 2.
+    let k = key("attempts");
+    let lock0 = store.nodes()[0].lock_key(&k);
+    // (A refused attempt marks the lock as waited for: README's key layout.)
+    let waited0 = lock0.replace(":lock", ":waited");
+    let refused = eventually(GUARD, async || {
+        servers[0].cmd(&["EXISTS", &waited0]).as_int() == Some(1)
+    })
+    .await;
+    assert!(refused);
+    assert!(store.nodes()[0].release(&k, &other).await.unwrap());
+    let taken_on_0 = eventually(GUARD, async || {
+        servers[0]
+            .cmd(&["GET", &lock0])
+            .as_string()
+            .is_some_and(|v| v != other.as_str())
+    })
+    .await;
+    assert!(taken_on_0, "no later attempt reached node 0");
+    servers[2].thaw();
+    let guard = timeout(GUARD, waiter)
+        .await
+        .expect("the acquire hung")
+        .unwrap()
+        .expect("the acquire failed");
+    assert!(store.nodes()[1].release(&k, &other).await.unwrap());
+    // While the guard is held, nobody else gets a majority: the late
+    // releases of the earlier attempts (sent as soon as node 2 answered
+    // them) must not have freed any node the grant counted.
+    let rival = OwnerToken::generate();
+    for _ in 0..30 {
+        let outcome = store.acquire(&k, &rival, HOUR).await.unwrap();
+        assert!(
+            !matches!(outcome, AcquireOutcome::Granted(_)),
+            "a rival was granted the lock while our guard held it"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(guard.is_held());
+    guard.release().await.unwrap();
 }

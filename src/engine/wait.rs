@@ -74,7 +74,6 @@ impl<S: LockStore> Locker<S> {
             return Ok(Acquired::Locked(again));
         }
         let o = &self.inner.opts;
-        let owner = OwnerToken::generate();
         let start = Instant::now();
         // (A wait of `Duration::MAX` means "for ever", not an overflow.)
         let deadline = far_add(start, wait);
@@ -87,10 +86,7 @@ impl<S: LockStore> Locker<S> {
         let queue_first = !wait.is_zero() && self.inner.queues.has_waiters(key);
         if !queue_first {
             attempts += 1;
-            match self
-                .attempt(key, &owner, replay, start, (attempts, false))
-                .await?
-            {
+            match self.attempt(key, replay, start, (attempts, false)).await? {
                 Step::Done(done) => return Ok(done),
                 Step::Held(r) => remaining = r,
             }
@@ -129,7 +125,7 @@ impl<S: LockStore> Locker<S> {
                 None => {
                     attempts += 1;
                     // (Contended: it found the lock held, or queued behind a waiter.)
-                    let attempt = self.attempt(key, &owner, replay, start, (attempts, true));
+                    let attempt = self.attempt(key, replay, start, (attempts, true));
                     match tokio::time::timeout_at(deadline, attempt).await {
                         Ok(step) => step,
                         Err(_) => {
@@ -212,7 +208,6 @@ impl<S: LockStore> Locker<S> {
     async fn attempt(
         &self,
         key: &LockKey,
-        owner: &OwnerToken,
         replay: bool,
         start: Instant,
         (attempts, contended): (u32, bool),
@@ -228,6 +223,12 @@ impl<S: LockStore> Locker<S> {
             ))
         })?;
         let watchdog = self.watchdog(&runtime);
+        // A fresh owner token for every attempt, never one per acquire: what
+        // an attempt that did not count leaves running in the background
+        // (a release after a timeout, Redlock's undo of a late grant on a
+        // slow node) is owner-checked, and must not match the lock a later
+        // attempt of the same acquire was granted.
+        let owner = &OwnerToken::generate();
         let attempt_start = Instant::now();
         // The first lease, like every renewal, ends by the hold cap: a cap
         // shorter than the lease shortens the grant itself.

@@ -4,8 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::future::join_all;
-use tokio::sync::watch;
+use futures_util::future::{BoxFuture, join_all, select_all};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::{AcquireOutcome, LockStore, ReleaseWatch, Renewal};
@@ -43,7 +44,8 @@ use quorum::{gather, tally};
 ///   holder's). [`read_record`](LockStore::read_record) replays a record
 ///   only when a majority holds the same bytes, answers `None` when that
 ///   is impossible, and `Unavailable` when too few nodes answered to tell;
-/// * waiters subscribe on every node and wake on any release.
+/// * waiters subscribe on every node and wake on any release; the
+///   subscription answers at a quorum (a slow node joins when it answers).
 ///
 /// Give each node a short command timeout
 /// ([`RedisStoreBuilder::command_timeout`](crate::RedisStoreBuilder::command_timeout), e.g. 50 ms): a silent node then
@@ -250,31 +252,60 @@ impl LockStore for RedlockStore {
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {
-        let watches: Vec<ReleaseWatch> = join_all(self.nodes.iter().map(|n| n.subscribe(key)))
-            .await
-            .into_iter()
-            .flatten()
-            .filter(ReleaseWatch::is_active)
-            .collect();
-        if watches.is_empty() {
-            return Ok(ReleaseWatch::never());
-        }
-        // One watch that fires when any node announces a release.
+        // One watch that fires when any node announces a release. It is
+        // handed out once a quorum of nodes answered the subscription (a
+        // grant needs a quorum, so a release that matters frees one of
+        // those); a frozen node joins in the background when it answers,
+        // instead of holding the waiter back by a command timeout.
         let (tx, rx) = watch::channel(0u64);
+        let released = ReleaseWatch::new(rx);
+        let (ready_tx, ready) = oneshot::channel::<bool>();
+        let mut pending: FuturesUnordered<BoxFuture<'static, Result<ReleaseWatch, Error>>> = self
+            .nodes
+            .iter()
+            .map(|node| {
+                let (node, key) = (node.clone(), key.clone());
+                Box::pin(async move { node.subscribe(&key).await }) as BoxFuture<'static, _>
+            })
+            .collect();
+        let quorum = self.quorum;
         let forward = tokio::spawn(async move {
-            let mut watches = watches;
+            let mut watches: Vec<ReleaseWatch> = Vec::new();
+            let (mut answered, mut ready_tx) = (0, Some(ready_tx));
             loop {
-                let any = futures_util::future::select_all(
-                    watches.iter_mut().map(|w| Box::pin(w.released())),
-                );
-                any.await;
-                if tx.is_closed() {
-                    return;
+                if answered >= quorum || pending.is_empty() {
+                    if let Some(ready) = ready_tx.take() {
+                        let _ = ready.send(!watches.is_empty() || !pending.is_empty());
+                    }
+                    if watches.is_empty() && pending.is_empty() {
+                        return;
+                    }
                 }
-                tx.send_modify(|n| *n = n.wrapping_add(1));
+                let any = async {
+                    if watches.is_empty() {
+                        std::future::pending::<()>().await;
+                    }
+                    select_all(watches.iter_mut().map(|w| Box::pin(w.released()))).await;
+                };
+                tokio::select! {
+                    Some(answer) = pending.next(), if !pending.is_empty() => {
+                        answered += 1;
+                        if let Ok(w) = answer && w.is_active() {
+                            watches.push(w);
+                        }
+                    }
+                    () = any => {
+                        tx.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                    () = tx.closed() => return,
+                }
             }
         });
-        Ok(ReleaseWatch::new(rx).with_guard(AbortOnDrop(forward)))
+        let forward = AbortOnDrop(forward);
+        match ready.await {
+            Ok(true) => Ok(released.with_guard(forward)),
+            _ => Ok(ReleaseWatch::never()),
+        }
     }
 }
 
