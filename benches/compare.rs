@@ -274,6 +274,33 @@ fn main() {
     common::pin_self_to_cpu0();
     let rt = common::runtime();
     let all = [Case::Raw, Case::Rslock, Case::Ours, Case::Unfenced];
+    if let Ok(only) = std::env::var("COMPARE_PROFILE") {
+        // For a profiler (`perf record`): one scenario's one case, 10 times
+        // its cycles, and nothing else, e.g. `COMPARE_PROFILE=S2:ours-unfenced`.
+        let (name, case) = only
+            .split_once(':')
+            .expect("COMPARE_PROFILE=<S1|S2|S4>:<case>");
+        let case = *all
+            .iter()
+            .find(|c| c.name() == case)
+            .expect("case: raw, rslock, ours or ours-unfenced");
+        let (nodes, tasks, n) = match name {
+            "S1" => (1, 1, 30_000),
+            "S2" => (1, 64, 300_000),
+            "S4" => (5, 1, 10_000),
+            other => panic!("no scenario {other}"),
+        };
+        let servers: Vec<RedisServer> = (0..nodes).map(|_| RedisServer::start()).collect();
+        servers.iter().for_each(common::pin_server_to_cpu1);
+        let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+        let client = Arc::new(rt.block_on(Client::new(&urls)));
+        let r = rt.block_on(run(&client, &servers, case, tasks, n));
+        println!(
+            "{only}: {:.0} cycles/s, {:.1} Redis cmds/cycle",
+            r.per_s, r.cmds
+        );
+        return;
+    }
     scenario(&rt, "S1", 1, 1, 3_000, &all);
     scenario(&rt, "S2", 1, 64, 30_000, &all);
     scenario(

@@ -390,6 +390,48 @@ async fn tokens_keep_increasing_after_the_counter_retention_lapses() {
     assert!(second.fencing_token().unwrap() > t1);
 }
 
+/// The server's `TIME` in µs.
+fn server_time_us(server: &RedisServer) -> u64 {
+    let reply = server.cmd(&["TIME"]);
+    let parts = reply.as_array().expect("TIME answers an array");
+    let part = |i: usize| parts[i].as_string().unwrap().parse::<u64>().unwrap();
+    part(0) * 1_000_000 + part(1)
+}
+
+/// A token minted on a fresh counter is the server's `TIME` in µs (the
+/// floor that keeps tokens rising after a counter's retention lapses),
+/// also when the microseconds have fewer than 6 digits (the script pads
+/// them itself, as text).
+#[tokio::test]
+async fn a_token_on_a_fresh_counter_is_the_servers_time_in_microseconds() {
+    let server = RedisServer::start();
+    let l = Locker::new(store(&server));
+    let mut short_micros = 0;
+    for i in 0..20_000 {
+        if short_micros >= 10 {
+            break;
+        }
+        // A namespace of its own: a bucket counter nobody wrote yet.
+        let k = LockKey::new(&format!("time{i}"), "t").unwrap();
+        let before = server_time_us(&server);
+        let g = l.try_acquire(&k).await.unwrap();
+        let after = server_time_us(&server);
+        let token = g.fencing_token().unwrap().get();
+        assert!(
+            (before..=after).contains(&token),
+            "token {token} outside the server's TIME {before}..={after}"
+        );
+        if before / 1_000_000 == after / 1_000_000 && before % 1_000_000 < 100_000 {
+            short_micros += 1;
+        }
+        g.release().await.unwrap();
+    }
+    assert!(
+        short_micros >= 10,
+        "too few grants in the first 0.1 s of a second"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_guards_and_futures_at_random_points_leaves_nothing_behind() {
     let server = RedisServer::start();

@@ -49,28 +49,44 @@ pub(super) struct Name<'a> {
     suffix: &'static str,
 }
 
+impl Name<'_> {
+    /// Hands the name to `put` in pieces, without formatting machinery:
+    /// this runs for every key of every command (the hot path).
+    fn emit(&self, mut put: impl FnMut(&[u8])) {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let b = bucket(self.key) as usize;
+        let bucket = [HEX[(b >> 8) & 0xf], HEX[(b >> 4) & 0xf], HEX[b & 0xf]];
+        put(self.prefix.as_bytes());
+        put(b":{");
+        put(self.key.namespace().as_bytes());
+        put(b":");
+        put(&bucket);
+        put(b"}:");
+        if self.suffix != FENCE {
+            // The bucket's counter has no id in it; every other name does.
+            put(self.key.id().as_bytes());
+            put(b":");
+        }
+        put(self.suffix.as_bytes());
+    }
+}
+
 impl std::fmt::Display for Name<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (prefix, ns, b) = (self.prefix, self.key.namespace(), bucket(self.key));
-        if self.suffix == FENCE {
-            // The bucket's counter: no id in it.
-            write!(f, "{prefix}:{{{ns}:{b:03x}}}:{FENCE}")
-        } else {
-            write!(
-                f,
-                "{prefix}:{{{ns}:{b:03x}}}:{}:{}",
-                self.key.id(),
-                self.suffix
-            )
-        }
+        let mut name = Vec::with_capacity(64);
+        self.emit(|part| name.extend_from_slice(part));
+        f.write_str(&String::from_utf8_lossy(&name))
     }
 }
 
 impl redis::ToRedisArgs for Name<'_> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
         use std::io::Write as _;
+        let mut arg = out.writer_for_next_arg();
         // Writing into the argument buffer cannot fail.
-        let _ = write!(out.writer_for_next_arg(), "{self}");
+        self.emit(|part| {
+            let _ = arg.write_all(part);
+        });
     }
 }
 

@@ -35,7 +35,7 @@ mod settings;
 
 use connection::{Conn, Source};
 pub use eviction::EvictionCheck;
-use keys::{LOCK, RECORD, RELEASED, WAITED};
+use keys::{LOCK, RECORD, WAITED};
 use notifier::{Notifier, PubSubSource};
 pub use replicas::ReplicaShortfall;
 use replicas::WaitReplicas;
@@ -286,8 +286,7 @@ impl LockStore for RedisStore {
         let mut inv = RELEASE.key(self.name(key, LOCK));
         inv.key(self.name(key, WAITED))
             .arg(owner.as_str())
-            .arg(self.publish_command())
-            .arg(self.name(key, RELEASED));
+            .arg(self.publish_command());
         let n: i64 = self
             .with_conn(Operation::Release, Some(key), |mut c| async move {
                 inv.invoke_async(&mut c).await

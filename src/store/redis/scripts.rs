@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::Script;
 
-use super::keys::{FENCE, LOCK, RECORD, RECORD_WRITER, RELEASED, WAITED};
+use super::keys::{FENCE, LOCK, RECORD, RECORD_WRITER, WAITED};
 use super::{RedisStore, ms};
 use crate::store::AcquireOutcome;
 use crate::{Error, FencingToken, LockKey, Operation, OwnerToken};
@@ -172,8 +172,7 @@ impl RedisStore {
         inv.arg(owner.as_str())
             .arg(record.as_ref())
             .arg(ms(retention))
-            .arg(self.publish_command())
-            .arg(self.name(key, RELEASED));
+            .arg(self.publish_command());
         let n: i64 = self
             .with_conn(Operation::Release, Some(key), |mut c| async move {
                 inv.invoke_async(&mut c).await

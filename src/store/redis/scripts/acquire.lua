@@ -20,8 +20,8 @@
 -- publishes nothing. The mark lives no longer than the holder's lease (a
 -- waiter tries again by then at the latest, and marks again), and the
 -- release deletes it. The token is built from TIME's two strings
--- and compared as a string of digits, with no floating-point formatting on
--- the usual path.
+-- and compared as a string of digits: no number conversion or
+-- floating-point formatting on the usual path.
 if KEYS[4] then
   local rec = redis.call('GET', KEYS[4])
   if rec then return {2, rec} end
@@ -47,9 +47,12 @@ if cur then
   local last = redis.call('GET', KEYS[2])
   if last then return {3, last} end
 end
--- token = max(last + 1, TIME in us), as a decimal string
+-- token = max(last + 1, TIME in us), as a decimal string: the seconds,
+-- then the microseconds zero-padded to 6 digits (string work only: no
+-- string <-> number conversion on this path)
 local t = redis.call('TIME')
-local s = t[1] .. string.sub(t[2] + 1000000, 2)
+local us = t[2]
+local s = t[1] .. string.rep('0', 6 - #us) .. us
 local last = redis.call('SET', KEYS[2], s, 'PX', ARGV[3], 'GET')
 if last and (#last > #s or (#last == #s and last >= s)) then
   s = string.format('%.0f', tonumber(last) + 1)
