@@ -290,11 +290,28 @@ fn main() {
             "S4" => (5, 1, 10_000),
             other => panic!("no scenario {other}"),
         };
+        let n = std::env::var("COMPARE_CYCLES").map_or(n, |c| c.parse().expect("COMPARE_CYCLES"));
         let servers: Vec<RedisServer> = (0..nodes).map(|_| RedisServer::start()).collect();
         servers.iter().for_each(common::pin_server_to_cpu1);
         let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
         let client = Arc::new(rt.block_on(Client::new(&urls)));
+        // Warm up (connections, script loads), then, for a profiler
+        // attached to the servers, a marker: `COMPARE_MARK=<file>` is
+        // written before the measured cycles and waited on (deleted) after
+        // them, so the profile can be zeroed and dumped around them.
+        rt.block_on(run(&client, &servers, case, tasks, n / 100));
+        let mark = std::env::var("COMPARE_MARK").ok();
+        let handshake = |stage: &str| {
+            if let Some(m) = &mark {
+                std::fs::write(m, stage).unwrap();
+                while std::path::Path::new(m).exists() {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        };
+        handshake("before");
         let r = rt.block_on(run(&client, &servers, case, tasks, n));
+        handshake("after");
         println!(
             "{only}: {:.0} cycles/s, {:.1} Redis cmds/cycle",
             r.per_s, r.cmds
