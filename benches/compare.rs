@@ -22,7 +22,9 @@
 //! For each: cycles per second, the ratio to rslock, S1's p50/p99 latency
 //! of a cycle, Redis commands per cycle (`INFO commandstats`, every call
 //! including those scripts run, over all servers) and Redis CPU per cycle
-//! (`INFO cpu`, `used_cpu_user + used_cpu_sys`, over all servers).
+//! (`INFO cpu`, `used_cpu_user + used_cpu_sys`, over all servers), and the
+//! client's own CPU per cycle (`getrusage` of the bench process: the
+//! runtime thread and the connection drivers on it).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -139,6 +141,7 @@ struct Run {
     p99_us: f64,
     cmds: f64,
     cpu_us: f64,
+    client_us: f64,
 }
 
 fn stats(servers: &[RedisServer]) -> (u64, Duration) {
@@ -163,6 +166,7 @@ async fn run(
         client.cycle(case, t).await;
     }
     let (calls0, cpu0) = stats(servers);
+    let client0 = common::process_cpu();
     let start = Instant::now();
     let mut lat = Vec::new();
     if tasks == 1 {
@@ -207,6 +211,7 @@ async fn run(
         // Less the `INFO` calls of `stats` itself (2 per server).
         cmds: (calls1 - calls0).saturating_sub(2 * servers.len() as u64) as f64 / n as f64,
         cpu_us: (cpu1 - cpu0).as_secs_f64() * 1e6 / n as f64,
+        client_us: (common::process_cpu() - client0).as_secs_f64() * 1e6 / n as f64,
     }
 }
 
@@ -244,9 +249,9 @@ fn scenario(
         "\n{name}: {nodes} server(s), {tasks} task(s), {n} cycles x {PASSES} passes (median [min-max])"
     );
     println!(
-        "| case | cycles/s | ÷ rslock | p50 µs | p99 µs | p99 ÷ rslock | Redis cmds/cycle | Redis CPU µs/cycle |"
+        "| case | cycles/s | ÷ rslock | p50 µs | p99 µs | p99 ÷ rslock | Redis cmds/cycle | Redis CPU µs/cycle | client CPU µs/cycle |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (i, case) in cases.iter().enumerate() {
         let col = |f: fn(&Run) -> f64| median(runs[i].iter().map(f).collect());
         let (rate, lo, hi) = col(|r| r.per_s);
@@ -257,11 +262,12 @@ fn scenario(
             "– | – | –".to_owned()
         };
         println!(
-            "| {} | {rate:.0} [{lo:.0}–{hi:.0}] | {:.2} | {lat} | {:.1} | {:.1} |",
+            "| {} | {rate:.0} [{lo:.0}–{hi:.0}] | {:.2} | {lat} | {:.1} | {:.1} | {:.1} |",
             case.name(),
             rate / rs_rate,
             col(|r| r.cmds).0,
             col(|r| r.cpu_us).0,
+            col(|r| r.client_us).0,
         );
     }
 }
