@@ -28,8 +28,10 @@ pub(crate) async fn grant(
     let AcquireOutcome::Granted(token) = store.acquire(key, &owner, first).await.unwrap() else {
         panic!("{key} is held");
     };
+    // Distinct ids, as the locker gives them (the watchdog keys on them).
+    static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     Arc::new(Lease::new(
-        0,
+        NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         key.clone(),
         owner,
         Ok(token),

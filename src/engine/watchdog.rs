@@ -65,27 +65,33 @@ pub(crate) async fn run<S: LockStore>(
     let mut entries: HashMap<u64, Entry> = HashMap::new();
     let mut queue: BTreeSet<(Instant, u64)> = BTreeSet::new();
     let mut in_flight: JoinSet<BatchResult> = JoinSet::new();
+    // One timer for the task's life, moved only when the next moment that
+    // needs attention changes (a grant or release whose renewal comes later
+    // than the first one queued does not touch it).
+    let timer = tokio::time::sleep_until(Instant::now());
+    tokio::pin!(timer);
+    let mut armed: Option<Instant> = None;
 
     loop {
         let next_wake = queue.first().map(|&(t, _)| t);
+        if next_wake != armed {
+            if let Some(at) = next_wake {
+                timer.as_mut().reset(at);
+            }
+            armed = next_wake;
+        }
         tokio::select! {
             biased;
-            cmd = cmds.recv() => match cmd {
-                Some(Cmd::Add(lease)) => {
-                    let next_renew = lease.acquired_at + lease.lease / 3;
-                    let id = lease.id;
-                    queue.insert((next_renew, id));
-                    entries.insert(id, Entry { lease, next_renew, queued: next_renew, in_flight: false, capped: false, retry_at: None });
-                }
-                Some(Cmd::Remove(id)) => {
-                    if let Some(e) = entries.remove(&id) {
-                        queue.remove(&(e.queued, id));
-                    }
-                }
-                // Every locker and guard is gone, so no lease is left.
-                None => {
+            cmd = cmds.recv() => {
+                let Some(cmd) = cmd else {
+                    // Every locker and guard is gone, so no lease is left.
                     renewing.store(0, Ordering::Relaxed);
                     return;
+                };
+                // Everything already sent, in one wake-up.
+                apply(cmd, &mut entries, &mut queue);
+                while let Ok(cmd) = cmds.try_recv() {
+                    apply(cmd, &mut entries, &mut queue);
                 }
             },
             Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
@@ -137,7 +143,7 @@ pub(crate) async fn run<S: LockStore>(
                     tracing::warn!(error = %err, failed, "lease renewal failed; retrying");
                 }
             }
-            _ = sleep_until(next_wake) => {}
+            () = &mut timer, if armed.is_some() => {}
         }
 
         // Whatever woke us, handle everything that is due. Renewals due
@@ -146,6 +152,11 @@ pub(crate) async fn run<S: LockStore>(
         // stay queued untouched, so this loop is finite and the next sleep
         // is always in the future.
         let now = Instant::now();
+        renewing.store(entries.len(), Ordering::Relaxed);
+        if queue.first().is_none_or(|&(at, _)| at > now + window) {
+            // Nothing is due (the usual wake-up: a grant or a release).
+            continue;
+        }
         let mut due: Vec<(u64, Duration)> = Vec::new();
         let candidates: Vec<(Instant, u64)> =
             queue.range(..=(now + window, u64::MAX)).copied().collect();
@@ -215,10 +226,30 @@ pub(crate) async fn run<S: LockStore>(
     }
 }
 
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
+/// Starts or stops renewing a lease.
+fn apply(cmd: Cmd, entries: &mut HashMap<u64, Entry>, queue: &mut BTreeSet<(Instant, u64)>) {
+    match cmd {
+        Cmd::Add(lease) => {
+            let next_renew = lease.acquired_at + lease.lease / 3;
+            let id = lease.id;
+            queue.insert((next_renew, id));
+            entries.insert(
+                id,
+                Entry {
+                    lease,
+                    next_renew,
+                    queued: next_renew,
+                    in_flight: false,
+                    capped: false,
+                    retry_at: None,
+                },
+            );
+        }
+        Cmd::Remove(id) => {
+            if let Some(e) = entries.remove(&id) {
+                queue.remove(&(e.queued, id));
+            }
+        }
     }
 }
 
@@ -279,6 +310,28 @@ mod tests {
         tokio::time::sleep_until(t0 + LEASE / 2).await;
         assert_eq!(l.valid_until(), t0 + LEASE - drift(LEASE));
         assert_eq!(w.renewing.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn commands_sent_before_the_watchdog_runs_are_all_applied() {
+        // Several grants and a release queued while the watchdog task has
+        // not run yet: one wake-up takes them all, in order.
+        let store = Arc::new(MemoryStore::new());
+        let a = grant(&store, &key("queued-a"), LEASE, None).await;
+        let b = grant(&store, &key("queued-b"), LEASE, None).await;
+        let gone = grant(&store, &key("queued-gone"), LEASE, None).await;
+        let w = start(&store);
+        for l in [&a, &b, &gone] {
+            w.tx.send(Cmd::Add(l.clone())).unwrap();
+        }
+        w.tx.send(Cmd::Remove(gone.id)).unwrap();
+        tokio::time::sleep_until(a.acquired_at + LEASE / 3 - MS).await;
+        assert_eq!(w.renewing.load(Ordering::Relaxed), 2);
+        tokio::time::sleep_until(b.acquired_at + LEASE / 2).await;
+        for l in [&a, &b] {
+            assert!(l.valid_until() > l.acquired_at + LEASE, "not renewed");
+        }
+        assert_eq!(gone.valid_until(), gone.acquired_at + LEASE - drift(LEASE));
     }
 
     #[tokio::test(start_paused = true)]
