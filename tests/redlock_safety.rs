@@ -140,6 +140,49 @@ async fn a_write_back_short_of_a_quorum_is_no_grant() {
     granted(store.acquire(&k, &other, LEASE).await);
 }
 
+/// The nodes that minted the grant's token hold it already: the write-back
+/// goes to the others, and only their acknowledgements count on top.
+/// Five nodes; 0 and 1 mint the same (largest) token, 2 a smaller one and
+/// then fails the write-back only (its script cache holds the grant and
+/// release scripts, and loading any other is refused), 3 and 4 are frozen.
+/// The token is held by 2 of 5 counters, so the grant must not count —
+/// counting 0 and 1 a second time would make it 4 of 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_back_counts_each_node_once() {
+    let servers = start_independent(5);
+    let store = stores::redlock_over(&servers, Duration::from_secs(3600));
+    let k = key("count-once");
+    // Connected to every node while all answer.
+    let warm = (key("count-once-warm-up"), OwnerToken::generate());
+    granted(store.acquire(&warm.0, &warm.1, LEASE).await);
+    assert!(store.release(&warm.0, &warm.1).await.unwrap());
+    for node in [0, 1] {
+        let fence = store.nodes()[node].fence_key(&k);
+        servers[node].cmd(&["SET", &fence, &AHEAD.to_string()]);
+    }
+    // Node 2: only the grant and release scripts, and no way to load more.
+    servers[2].cmd(&["SCRIPT", "FLUSH"]);
+    for src in [
+        include_str!("../src/store/redis/scripts/acquire.lua"),
+        include_str!("../src/store/redis/scripts/release.lua"),
+    ] {
+        servers[2].cmd(&["SCRIPT", "LOAD", src]);
+    }
+    let denied = servers[2].cmd(&["ACL", "SETUSER", "default", "-script|load", "-eval"]);
+    assert_eq!(denied.as_string().as_deref(), Some("OK"), "{denied:?}");
+    servers[3].freeze();
+    servers[4].freeze();
+    let owner = OwnerToken::generate();
+    unavailable(store.acquire(&k, &owner, LEASE).await);
+    // Undone where it was granted.
+    for (i, s) in servers.iter().enumerate().take(3) {
+        let lock = store.nodes()[i].lock_key(&k);
+        assert_eq!(s.cmd(&["EXISTS", &lock]).as_int(), Some(0), "node {i}");
+    }
+    servers[3].thaw();
+    servers[4].thaw();
+}
+
 /// Five nodes, three frozen: a release cannot tell whether it released,
 /// so it says Unavailable (the guard retries), never "not the owner".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
