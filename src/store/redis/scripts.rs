@@ -24,13 +24,11 @@ pub(super) const ACQUIRE_SRC: &str = include_str!("scripts/acquire.lua");
 pub(super) const EXTEND_SRC: &str = include_str!("scripts/extend.lua");
 pub(super) const RELEASE_SRC: &str = include_str!("scripts/release.lua");
 pub(super) const FINISH_SRC: &str = include_str!("scripts/finish.lua");
-pub(super) const GRANT_UNFENCED_SRC: &str = include_str!("scripts/grant_unfenced.lua");
 
 pub(super) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_SRC));
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_SRC));
 pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SRC));
 static FINISH: LazyLock<Script> = LazyLock::new(|| Script::new(FINISH_SRC));
-static GRANT_UNFENCED: LazyLock<Script> = LazyLock::new(|| Script::new(GRANT_UNFENCED_SRC));
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
 static ROLLBACK: LazyLock<Script> =
@@ -38,13 +36,7 @@ static ROLLBACK: LazyLock<Script> =
 
 /// The scripts every command connection loads up front (in one round trip,
 /// so that first uses do not pay for a `NOSCRIPT` answer).
-pub(super) const PRELOADED: [&str; 5] = [
-    ACQUIRE_SRC,
-    EXTEND_SRC,
-    RELEASE_SRC,
-    FINISH_SRC,
-    GRANT_UNFENCED_SRC,
-];
+pub(super) const PRELOADED: [&str; 4] = [ACQUIRE_SRC, EXTEND_SRC, RELEASE_SRC, FINISH_SRC];
 
 impl RedisStore {
     /// The acquire script: its outcome, and whether the lock was ours
@@ -77,14 +69,11 @@ impl RedisStore {
                 return Ok((AcquireOutcome::GrantedUnfenced, false));
             }
         }
-        let mut inv = if fencing {
-            let mut inv = ACQUIRE.key(self.name(key, LOCK));
-            inv.key(self.name(key, FENCE));
-            inv
-        } else {
-            GRANT_UNFENCED.key(self.name(key, LOCK))
-        };
+        let mut inv = ACQUIRE.key(self.name(key, LOCK));
         inv.key(self.name(key, WAITED));
+        if fencing {
+            inv.key(self.name(key, FENCE));
+        }
         if replay {
             inv.key(self.name(key, RECORD));
         }
