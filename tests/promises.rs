@@ -102,7 +102,7 @@ async fn a_killed_pubsub_connection_on_one_redis_wakes_its_waiter_and_resubscrib
         .build()
         .unwrap();
     let st = store(&server);
-    let channel = st.lock_key(&k).replace(":lock", ":released");
+    let channel = st.release_channel(&k);
     let waiter = Locker::builder(st)
         .wait_timeout(Duration::from_secs(60))
         .poll_interval(HOUR)

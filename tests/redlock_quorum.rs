@@ -128,14 +128,16 @@ async fn an_earlier_attempts_late_release_never_takes_a_later_attempts_lock() {
         .poll_interval(Duration::from_millis(10))
         .build()
         .unwrap();
-    let waiter = tokio::spawn(async move { locker.acquire(&k).await });
+    let waiter = tokio::spawn({
+        let k = k.clone();
+        async move { locker.acquire(&k).await }
+    });
     // Attempts refused by nodes 0 and 1 (each leaves its call queued on
     // node 2), until node 0 is free: then an attempt is granted there and
     // waits for node 2.
-    let k = key("attempts");
     let lock0 = store.nodes()[0].lock_key(&k);
-    // (A refused attempt marks the lock as waited for: README's key layout.)
-    let waited0 = lock0.replace(":lock", ":waited");
+    // (A refused attempt marks the lock as waited for.)
+    let waited0 = store.nodes()[0].waited_key(&k);
     let refused = eventually(GUARD, async || {
         servers[0].cmd(&["EXISTS", &waited0]).as_int() == Some(1)
     })

@@ -152,9 +152,9 @@ pub(crate) async fn run<S: LockStore>(
         // stay queued untouched, so this loop is finite and the next sleep
         // is always in the future.
         let now = Instant::now();
-        renewing.store(entries.len(), Ordering::Relaxed);
         if queue.first().is_none_or(|&(at, _)| at > now + window) {
             // Nothing is due (the usual wake-up: a grant or a release).
+            renewing.store(entries.len(), Ordering::Relaxed);
             continue;
         }
         let mut due: Vec<(u64, Duration)> = Vec::new();
