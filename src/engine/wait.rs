@@ -222,7 +222,6 @@ impl<S: LockStore> Locker<S> {
                 "locks must be taken inside a Tokio runtime",
             ))
         })?;
-        let watchdog = self.watchdog(&runtime);
         // A fresh owner token for every attempt, never one per acquire: what
         // an attempt that did not count leaves running in the background
         // (a release after a timeout, Redlock's undo of a late grant on a
@@ -271,6 +270,9 @@ impl<S: LockStore> Locker<S> {
                     attempt_start,
                     o.max_hold,
                 ));
+                // (Looked up only now: an attempt that finds the lock held
+                // needs no watchdog.)
+                let watchdog = self.watchdog(&runtime);
                 let watchdog = match watchdog.send(Cmd::Add(lease.clone())) {
                     Ok(()) => watchdog,
                     Err(mpsc::error::SendError(cmd)) => {
