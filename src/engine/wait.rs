@@ -257,50 +257,46 @@ impl<S: LockStore> Locker<S> {
                 return Ok(Step::Done(Acquired::Completed(raw)));
             }
         };
-        {
-            {
-                let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-                let lease = Arc::new(Lease::new(
-                    id,
-                    key.clone(),
-                    owner.clone(),
-                    token,
-                    o.lease,
-                    drift(o.lease),
-                    attempt_start,
-                    o.max_hold,
-                ));
-                // (Looked up only now: an attempt that finds the lock held
-                // needs no watchdog.)
-                let watchdog = self.watchdog(&runtime);
-                let watchdog = match watchdog.send(Cmd::Add(lease.clone())) {
-                    Ok(()) => watchdog,
-                    Err(mpsc::error::SendError(cmd)) => {
-                        // Its runtime shut down meanwhile: start another.
-                        let fresh = self.watchdog(&runtime);
-                        let _ = fresh.send(cmd);
-                        fresh
-                    }
-                };
-                tracing::debug!(
-                    key = %key,
-                    fencing_token = token.ok().map(crate::FencingToken::get),
-                    waited_us = start.elapsed().as_micros() as u64,
-                    contended,
-                    attempts,
-                    "lock acquired"
-                );
-                let granted = Ok(Outcome::Granted(token.ok().map(crate::FencingToken::get)));
-                observe::acquired(&Span::current(), key, start.elapsed(), contended, &granted);
-                let end = Ending {
-                    lease,
-                    store: self.inner.erased.clone(),
-                    local: self.inner.queues.clone(),
-                    runtime: Some(runtime),
-                };
-                Ok(Step::Done(Acquired::Locked(LockGuard::new(end, watchdog))))
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let lease = Arc::new(Lease::new(
+            id,
+            key.clone(),
+            owner.clone(),
+            token,
+            o.lease,
+            drift(o.lease),
+            attempt_start,
+            o.max_hold,
+        ));
+        // (Looked up only now: an attempt that finds the lock held
+        // needs no watchdog.)
+        let watchdog = self.watchdog(&runtime);
+        let watchdog = match watchdog.send(Cmd::Add(lease.clone())) {
+            Ok(()) => watchdog,
+            Err(mpsc::error::SendError(cmd)) => {
+                // Its runtime shut down meanwhile: start another.
+                let fresh = self.watchdog(&runtime);
+                let _ = fresh.send(cmd);
+                fresh
             }
-        }
+        };
+        tracing::debug!(
+            key = %key,
+            fencing_token = token.ok().map(crate::FencingToken::get),
+            waited_us = start.elapsed().as_micros() as u64,
+            contended,
+            attempts,
+            "lock acquired"
+        );
+        let granted = Ok(Outcome::Granted(token.ok().map(crate::FencingToken::get)));
+        observe::acquired(&Span::current(), key, start.elapsed(), contended, &granted);
+        let end = Ending {
+            lease,
+            store: self.inner.erased.clone(),
+            local: self.inner.queues.clone(),
+            runtime: Some(runtime),
+        };
+        Ok(Step::Done(Acquired::Locked(LockGuard::new(end, watchdog))))
     }
 
     /// The error for a lock that stayed held.
