@@ -69,6 +69,18 @@ impl Name<'_> {
         }
         put(self.suffix.as_bytes());
     }
+
+    /// The length of the name in bytes (what [`emit`](Name::emit) writes),
+    /// so that a command can be sized before the name is written into it.
+    pub(super) fn byte_len(&self) -> usize {
+        // `<prefix>:{<ns>:<3 hex digits>}:[<id>:]<suffix>`
+        let id = if self.suffix != FENCE {
+            self.key.id().len() + 1
+        } else {
+            0
+        };
+        self.prefix.len() + 2 + self.key.namespace().len() + 1 + 3 + 2 + id + self.suffix.len()
+    }
 }
 
 impl std::fmt::Display for Name<'_> {
@@ -155,6 +167,21 @@ mod tests {
         // The fencing counter is the bucket's, shared by its ids.
         assert_eq!(name("42", FENCE), "trl:{orders:170}:fence");
         assert_eq!(name("ord_1", FENCE), "trl:{orders:2b1}:fence");
+    }
+
+    #[test]
+    fn byte_len_is_the_length_written() {
+        for id in ["42", "ord_1", "a-much-longer-id-0123456789"] {
+            let key = LockKey::new("orders", id).unwrap();
+            for suffix in [LOCK, FENCE, RECORD, RECORD_WRITER, RELEASED, WAITED] {
+                let name = Name {
+                    prefix: "trl",
+                    key: &key,
+                    suffix,
+                };
+                assert_eq!(name.byte_len(), name.to_string().len(), "{name}");
+            }
+        }
     }
 
     #[test]

@@ -39,7 +39,7 @@ use keys::{LOCK, RECORD, WAITED};
 use notifier::{Notifier, PubSubSource};
 pub use replicas::ReplicaShortfall;
 use replicas::WaitReplicas;
-use scripts::{EXTEND, RELEASE};
+use scripts::{Argv, EXTEND, RELEASE, ScriptCall, evalsha, is_no_script};
 pub use settings::RedisStoreBuilder;
 
 /// Locks on one Redis primary (standalone, or the primary of a replicated
@@ -193,9 +193,12 @@ impl LockStore for RedisStore {
 
     async fn read_record(&self, key: &LockKey) -> Result<Option<Bytes>, Error> {
         let record_key = self.name(key, RECORD);
+        // Sized up front ("GET" and the name), as the scripts' commands are.
+        let mut get = redis::Cmd::with_capacity(2, 3 + record_key.byte_len());
+        get.arg("GET").arg(record_key);
         let raw: Option<Vec<u8>> = self
             .with_conn(Operation::Acquire, Some(key), |mut c| async move {
-                redis::cmd("GET").arg(record_key).query_async(&mut c).await
+                get.query_async(&mut c).await
             })
             .await?;
         Ok(raw.map(Bytes::from))
@@ -207,11 +210,14 @@ impl LockStore for RedisStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<bool, Error> {
-        let mut inv = EXTEND.key(self.name(key, LOCK));
-        inv.arg(owner.as_str()).arg(ms(lease));
+        let call = ScriptCall::new(
+            &EXTEND,
+            &[self.name(key, LOCK)],
+            &[Argv::Str(owner.as_str()), Argv::Int(ms(lease))],
+        );
         let n: i64 = self
             .with_conn(Operation::Extend, Some(key), |mut c| async move {
-                inv.invoke_async(&mut c).await
+                call.invoke(&mut c).await
             })
             .await?;
         Ok(n == 1)
@@ -237,20 +243,19 @@ impl LockStore for RedisStore {
         // type) must not fail the others.
         pipe.ignore_errors();
         for r in renewals {
-            pipe.cmd("EVALSHA")
-                .arg(EXTEND.get_hash())
-                .arg(1)
-                .arg(self.name(&r.key, LOCK))
-                .arg(r.owner.as_str())
-                .arg(ms(r.lease));
+            pipe.add_command(evalsha(
+                &EXTEND,
+                &[self.name(&r.key, LOCK)],
+                &[Argv::Str(r.owner.as_str()), Argv::Int(ms(r.lease))],
+            ));
         }
         let key = (renewals.len() == 1).then(|| &renewals[0].key);
-        let no_script = |a: &redis::RedisResult<i64>| matches!(a, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript));
+        let no_script = |a: &redis::RedisResult<i64>| matches!(a, Err(e) if is_no_script(e));
         let answers: Vec<redis::RedisResult<i64>> = match self
             .with_conn(Operation::Extend, key, |mut c| async move {
                 let answers: Vec<redis::RedisResult<i64>> = pipe.query_async(&mut c).await?;
                 if answers.iter().any(no_script) {
-                    EXTEND.prepare_invoke().load_async(&mut c).await?;
+                    EXTEND.load_async(&mut c).await?;
                     return pipe.query_async(&mut c).await;
                 }
                 Ok(answers)
@@ -283,13 +288,14 @@ impl LockStore for RedisStore {
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
-        let mut inv = RELEASE.key(self.name(key, LOCK));
-        inv.key(self.name(key, WAITED))
-            .arg(owner.as_str())
-            .arg(self.publish_command());
+        let call = ScriptCall::new(
+            &RELEASE,
+            &[self.name(key, LOCK), self.name(key, WAITED)],
+            &[Argv::Str(owner.as_str()), Argv::Str(self.publish_command())],
+        );
         let n: i64 = self
             .with_conn(Operation::Release, Some(key), |mut c| async move {
-                inv.invoke_async(&mut c).await
+                call.invoke(&mut c).await
             })
             .await?;
         Ok(n == 1)

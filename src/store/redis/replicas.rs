@@ -6,6 +6,7 @@ use std::time::Duration;
 use redis::RedisError;
 
 use super::connection::lock;
+use super::scripts::ScriptCall;
 use super::{RedisStore, ms};
 use crate::store::LockStore;
 use crate::{Error, LockKey, Operation, OwnerToken};
@@ -51,7 +52,7 @@ impl RedisStore {
     /// connection is reused only after a clean answer.
     pub(super) async fn grant_and_wait(
         &self,
-        inv: &redis::ScriptInvocation<'_>,
+        call: &ScriptCall,
         key: &LockKey,
         w: WaitReplicas,
     ) -> Result<(i64, redis::Value, Option<i64>), Error> {
@@ -71,8 +72,7 @@ impl RedisStore {
                 self.forget_connection_on(&e);
                 Error::from_redis(op, Some(key), e)
             };
-            let (kind, value): (i64, redis::Value) =
-                inv.invoke_async(&mut conn).await.map_err(fail)?;
+            let (kind, value): (i64, redis::Value) = call.invoke(&mut conn).await.map_err(fail)?;
             let acked = if kind == 1 || kind == 3 {
                 let n: i64 = redis::cmd("WAIT")
                     .arg(w.replicas)

@@ -13,9 +13,9 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use bytes::Bytes;
-use redis::Script;
+use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
 
-use super::keys::{FENCE, LOCK, RECORD, RECORD_WRITER, WAITED};
+use super::keys::{FENCE, LOCK, Name, RECORD, RECORD_WRITER, WAITED};
 use super::{RedisStore, ms};
 use crate::store::AcquireOutcome;
 use crate::{Error, FencingToken, LockKey, Operation, OwnerToken};
@@ -38,6 +38,103 @@ static ROLLBACK: LazyLock<Script> =
 /// so that first uses do not pay for a `NOSCRIPT` answer).
 pub(super) const PRELOADED: [&str; 4] = [ACQUIRE_SRC, EXTEND_SRC, RELEASE_SRC, FINISH_SRC];
 
+/// One `ARGV` value of a script call: the kinds the scripts take, each of a
+/// known length, so that a call's command is sized before it is written.
+#[derive(Clone, Copy)]
+pub(super) enum Argv<'a> {
+    Str(&'a str),
+    Bytes(&'a [u8]),
+    Int(u64),
+}
+
+impl Argv<'_> {
+    fn byte_len(&self) -> usize {
+        match self {
+            Argv::Str(s) => s.len(),
+            Argv::Bytes(b) => b.len(),
+            Argv::Int(n) => digits(*n),
+        }
+    }
+}
+
+impl ToRedisArgs for Argv<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        // Each as its own type writes itself (one argument each).
+        match self {
+            Argv::Str(s) => s.write_redis_args(out),
+            Argv::Bytes(b) => b.write_redis_args(out),
+            Argv::Int(n) => n.write_redis_args(out),
+        }
+    }
+}
+
+/// The decimal digits of `n`.
+fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
+}
+
+/// The bytes of `EVALSHA <sha1> <numkeys> <keys> <args>` (the arguments
+/// only: the framing is added when the command is packed).
+fn evalsha_len(script: &Script, keys: &[Name<'_>], args: &[Argv<'_>]) -> usize {
+    "EVALSHA".len()
+        + script.get_hash().len()
+        + digits(keys.len() as u64)
+        + keys.iter().map(Name::byte_len).sum::<usize>()
+        + args.iter().map(Argv::byte_len).sum::<usize>()
+}
+
+/// `EVALSHA <sha1> <numkeys> <keys> <args>` as one command, its buffers
+/// allocated once at their final size. (redis-rs' `ScriptInvocation` makes
+/// a buffer per key and argument, then copies them into the command.)
+pub(super) fn evalsha(script: &Script, keys: &[Name<'_>], args: &[Argv<'_>]) -> Cmd {
+    let mut cmd = Cmd::with_capacity(3 + keys.len() + args.len(), evalsha_len(script, keys, args));
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
+    for k in keys {
+        cmd.arg(k);
+    }
+    for a in args {
+        cmd.arg(a);
+    }
+    cmd
+}
+
+/// Whether Redis answered that it does not have the script (its cache was
+/// flushed, or the server restarted or failed over since it was loaded).
+pub(super) fn is_no_script(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// One run of a script: its EVALSHA command (see [`evalsha`]), sent by
+/// [`invoke`](ScriptCall::invoke).
+pub(super) struct ScriptCall {
+    script: &'static Script,
+    cmd: Cmd,
+}
+
+impl ScriptCall {
+    pub(super) fn new(script: &'static Script, keys: &[Name<'_>], args: &[Argv<'_>]) -> Self {
+        ScriptCall {
+            script,
+            cmd: evalsha(script, keys, args),
+        }
+    }
+
+    /// Sends the call; on `NOSCRIPT`, loads the script and sends it once
+    /// more (what `ScriptInvocation::invoke_async` does).
+    pub(super) async fn invoke<T: FromRedisValue>(
+        &self,
+        c: &mut impl redis::aio::ConnectionLike,
+    ) -> RedisResult<T> {
+        match self.cmd.query_async(c).await {
+            Err(e) if is_no_script(&e) => {
+                self.script.load_async(c).await?;
+                self.cmd.query_async(c).await
+            }
+            answer => answer,
+        }
+    }
+}
+
 impl RedisStore {
     /// The acquire script: its outcome, and whether the lock was ours
     /// already (a re-entry: the token is the counter's, see acquire.lua).
@@ -53,43 +150,52 @@ impl RedisStore {
             // Without fencing, a free lock is one plain SET; the script
             // runs only when that found the key taken.
             let lock = self.name(key, LOCK);
+            // Sized up front: "SET", "NX", "PX" and at most 20 digits of
+            // lease besides the name and the owner.
+            let mut set_nx = Cmd::with_capacity(6, lock.byte_len() + owner.as_str().len() + 27);
+            set_nx
+                .arg("SET")
+                .arg(lock)
+                .arg(owner.as_str())
+                .arg("NX")
+                .arg("PX")
+                .arg(ms(lease));
             let set: Option<String> = self
                 .with_conn(Operation::Acquire, Some(key), |mut c| async move {
-                    redis::cmd("SET")
-                        .arg(lock)
-                        .arg(owner.as_str())
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(ms(lease))
-                        .query_async(&mut c)
-                        .await
+                    set_nx.query_async(&mut c).await
                 })
                 .await?;
             if set.is_some() {
                 return Ok((AcquireOutcome::GrantedUnfenced, false));
             }
         }
-        let mut inv = ACQUIRE.key(self.name(key, LOCK));
-        inv.key(self.name(key, WAITED));
-        if fencing {
-            inv.key(self.name(key, FENCE));
-        }
-        if replay {
-            inv.key(self.name(key, RECORD));
-        }
-        inv.arg(owner.as_str()).arg(ms(lease));
-        if fencing {
-            inv.arg(self.inner.fence_retention_ms);
-        }
+        let (lock, waited) = (self.name(key, LOCK), self.name(key, WAITED));
+        let (fence, record) = (self.name(key, FENCE), self.name(key, RECORD));
+        // Lock and waited-for mark, then the fence counter with fencing and
+        // the record last for a replay (see acquire.lua).
+        let keys: &[Name<'_>] = match (fencing, replay) {
+            (true, true) => &[lock, waited, fence, record],
+            (true, false) => &[lock, waited, fence],
+            (false, true) => &[lock, waited, record],
+            (false, false) => &[lock, waited],
+        };
+        let args = [
+            Argv::Str(owner.as_str()),
+            Argv::Int(ms(lease)),
+            Argv::Int(self.inner.fence_retention_ms),
+        ];
+        // The fence retention only with fencing: the script tells by it.
+        let args = if fencing { &args[..] } else { &args[..2] };
+        let call = ScriptCall::new(&ACQUIRE, keys, args);
         let (kind, value) = match self.inner.wait_replicas {
             None => {
                 self.with_conn(Operation::Acquire, Some(key), |mut c| async move {
-                    inv.invoke_async(&mut c).await
+                    call.invoke(&mut c).await
                 })
                 .await?
             }
             Some(w) => {
-                let (kind, value, acked) = self.grant_and_wait(&inv, key, w).await?;
+                let (kind, value, acked) = self.grant_and_wait(&call, key, w).await?;
                 if let Some(acked) = acked {
                     self.check_replicas(key, owner, w, acked).await?;
                 }
@@ -132,11 +238,17 @@ impl RedisStore {
         key: &LockKey,
         token: FencingToken,
     ) -> Result<(), Error> {
-        let mut inv = RAISE_FENCE.key(self.name(key, FENCE));
-        inv.arg(token.get()).arg(self.inner.fence_retention_ms);
+        let call = ScriptCall::new(
+            &RAISE_FENCE,
+            &[self.name(key, FENCE)],
+            &[
+                Argv::Int(token.get()),
+                Argv::Int(self.inner.fence_retention_ms),
+            ],
+        );
         let _: i64 = self
             .with_conn(Operation::Acquire, Some(key), |mut c| async move {
-                inv.invoke_async(&mut c).await
+                call.invoke(&mut c).await
             })
             .await?;
         Ok(())
@@ -152,19 +264,27 @@ impl RedisStore {
         retention: Duration,
         mark: bool,
     ) -> Result<bool, Error> {
-        let mut inv = FINISH.key(self.name(key, LOCK));
-        inv.key(self.name(key, RECORD));
-        inv.key(self.name(key, WAITED));
-        if mark {
-            inv.key(self.name(key, RECORD_WRITER));
-        }
-        inv.arg(owner.as_str())
-            .arg(record.as_ref())
-            .arg(ms(retention))
-            .arg(self.publish_command());
+        let keys = [
+            self.name(key, LOCK),
+            self.name(key, RECORD),
+            self.name(key, WAITED),
+            self.name(key, RECORD_WRITER),
+        ];
+        // The record writer only when marking (Redlock).
+        let keys = if mark { &keys[..] } else { &keys[..3] };
+        let call = ScriptCall::new(
+            &FINISH,
+            keys,
+            &[
+                Argv::Str(owner.as_str()),
+                Argv::Bytes(record.as_ref()),
+                Argv::Int(ms(retention)),
+                Argv::Str(self.publish_command()),
+            ],
+        );
         let n: i64 = self
             .with_conn(Operation::Release, Some(key), |mut c| async move {
-                inv.invoke_async(&mut c).await
+                call.invoke(&mut c).await
             })
             .await?;
         Ok(n == 1)
@@ -189,13 +309,108 @@ impl RedisStore {
         key: &LockKey,
         owner: &OwnerToken,
     ) -> Result<bool, Error> {
-        let mut inv = ROLLBACK.key(self.name(key, RECORD));
-        inv.key(self.name(key, RECORD_WRITER)).arg(owner.as_str());
+        let call = ScriptCall::new(
+            &ROLLBACK,
+            &[self.name(key, RECORD), self.name(key, RECORD_WRITER)],
+            &[Argv::Str(owner.as_str())],
+        );
         let n: i64 = self
             .with_conn(Operation::Release, Some(key), |mut c| async move {
-                inv.invoke_async(&mut c).await
+                call.invoke(&mut c).await
             })
             .await?;
         Ok(n == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bytes of a command's arguments (what its data buffer holds).
+    fn written(cmd: &Cmd) -> usize {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.len(),
+                _ => unreachable!("only plain arguments in a script call"),
+            })
+            .sum()
+    }
+
+    /// Every call's command is sized exactly (so its buffer never grows)
+    /// and holds the same bytes as one built argument by argument.
+    #[test]
+    fn script_calls_are_sized_exactly_and_unchanged() {
+        let store = RedisStore::from_url("redis://127.0.0.1:1/").unwrap();
+        let key = LockKey::new("orders", "ord_0123456789").unwrap();
+        let owner = OwnerToken::generate();
+        let name = |suffix| store.name(&key, suffix);
+        let record = [7u8; 300];
+        let calls: [(&Script, Vec<Name<'_>>, Vec<Argv<'_>>); 6] = [
+            (
+                &ACQUIRE,
+                vec![name(LOCK), name(WAITED), name(FENCE), name(RECORD)],
+                vec![
+                    Argv::Str(owner.as_str()),
+                    Argv::Int(30_000),
+                    Argv::Int(u64::MAX),
+                ],
+            ),
+            (
+                &EXTEND,
+                vec![name(LOCK)],
+                vec![Argv::Str(owner.as_str()), Argv::Int(1)],
+            ),
+            (
+                &RELEASE,
+                vec![name(LOCK), name(WAITED)],
+                vec![Argv::Str(owner.as_str()), Argv::Str("PUBLISH")],
+            ),
+            (
+                &FINISH,
+                vec![name(LOCK), name(RECORD), name(WAITED), name(RECORD_WRITER)],
+                vec![
+                    Argv::Str(owner.as_str()),
+                    Argv::Bytes(&record),
+                    Argv::Int(86_400_000),
+                    Argv::Str("SPUBLISH"),
+                ],
+            ),
+            (
+                &RAISE_FENCE,
+                vec![name(FENCE)],
+                vec![Argv::Int(1_700_000_000_000_000), Argv::Int(0)],
+            ),
+            (
+                &ROLLBACK,
+                vec![name(RECORD), name(RECORD_WRITER)],
+                vec![Argv::Str(owner.as_str())],
+            ),
+        ];
+        for (script, keys, args) in &calls {
+            let cmd = evalsha(script, keys, args);
+            assert_eq!(written(&cmd), evalsha_len(script, keys, args));
+            assert_eq!(cmd.args_iter().len(), 3 + keys.len() + args.len());
+            let mut plain = redis::cmd("EVALSHA");
+            plain.arg(script.get_hash()).arg(keys.len());
+            for k in keys {
+                plain.arg(k.to_string());
+            }
+            for a in args {
+                match a {
+                    Argv::Str(s) => plain.arg(*s),
+                    Argv::Bytes(b) => plain.arg(*b),
+                    Argv::Int(n) => plain.arg(*n),
+                };
+            }
+            assert_eq!(cmd.get_packed_command(), plain.get_packed_command());
+        }
+    }
+
+    #[test]
+    fn digits_of_numbers() {
+        for n in [0, 1, 9, 10, 99, 100, 30_000, u64::MAX] {
+            assert_eq!(digits(n), n.to_string().len(), "{n}");
+        }
     }
 }
