@@ -83,6 +83,123 @@ async fn tokens_increase_across_grants_whose_majorities_differ() {
     assert!(tokens[0].get() > AHEAD, "{tokens:?}");
 }
 
+/// Every node of five answers the grant, all after one outage, so that the
+/// last answer comes right after the quorum's (the store waits for the
+/// others as long again as the quorum took): five fresh mints make a
+/// token that counts without a write-back, the quorum-th largest.
+/// `last`: a node thawed only once the others have granted, so that its
+/// answer comes last. Warmed up first, so that each node's connection
+/// exists before it is frozen.
+async fn grant_by_all_five(
+    store: &RedlockStore,
+    servers: &[RedisServer],
+    k: &LockKey,
+    owner: &OwnerToken,
+    last: Option<usize>,
+) -> FencingToken {
+    let warm = (key("all-five-warm-up"), OwnerToken::generate());
+    granted(store.acquire(&warm.0, &warm.1, LEASE).await);
+    assert!(store.release(&warm.0, &warm.1).await.unwrap());
+    for s in servers {
+        s.reset_stats();
+        s.freeze();
+    }
+    let acquire = tokio::spawn({
+        let (store, k, owner) = (store.clone(), k.clone(), owner.clone());
+        async move { store.acquire(&k, &owner, LEASE).await }
+    });
+    // The outage: its length is what the quorum takes.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let others: Vec<usize> = (0..servers.len()).filter(|&i| Some(i) != last).collect();
+    for &i in &others {
+        servers[i].thaw();
+    }
+    if let Some(last) = last {
+        let locks: Vec<String> = store.nodes().iter().map(|n| n.lock_key(k)).collect();
+        let others_granted = eventually(Duration::from_secs(10), async || {
+            others
+                .iter()
+                .all(|&i| servers[i].cmd(&["EXISTS", &locks[i]]).as_int() == Some(1))
+        })
+        .await;
+        assert!(others_granted);
+        servers[last].thaw();
+    }
+    granted(acquire.await.unwrap())
+}
+
+/// Three nodes of five hold counters far ahead (the last token counted
+/// there), two are behind. When all five grant, the token is the median of
+/// the five mints, above the counted one: neither the smallest nor the
+/// second smallest (both minted by the nodes that were behind) may be
+/// taken, for they are below what the majority already gave out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_by_every_node_is_above_the_majority_that_counted_last() {
+    let servers = start_independent(5);
+    let store = stores::redlock_over(&servers, Duration::from_secs(3600));
+    let k = key("all-five-above");
+    for node in [0, 1, 2] {
+        let fence = store.nodes()[node].fence_key(&k);
+        servers[node].cmd(&["SET", &fence, &AHEAD.to_string()]);
+    }
+    let owner = OwnerToken::generate();
+    let token = grant_by_all_five(&store, &servers, &k, &owner, None).await;
+    assert!(token.get() > AHEAD, "{token:?} is not above {AHEAD}");
+    assert!(store.release(&k, &owner).await.unwrap());
+}
+
+/// A node where the lock was ours already answers its counter, not a fresh
+/// mint above it, so it cannot vouch for the token: three nodes hold the
+/// counted token's counter, one of them already holds the lock for this
+/// owner (an earlier attempt's grant whose answer was lost) and answers
+/// last. The median of the five answers would be the counted token
+/// itself; the grant must write back the largest instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_was_ours_already_is_no_fresh_mint() {
+    let servers = start_independent(5);
+    let store = stores::redlock_over(&servers, Duration::from_secs(3600));
+    let k = key("all-five-reentered");
+    let owner = OwnerToken::generate();
+    for node in [0, 1, 2] {
+        let fence = store.nodes()[node].fence_key(&k);
+        servers[node].cmd(&["SET", &fence, &AHEAD.to_string()]);
+    }
+    let lock = store.nodes()[0].lock_key(&k);
+    servers[0].cmd(&["SET", &lock, owner.as_str(), "PX", "60000"]);
+    let token = grant_by_all_five(&store, &servers, &k, &owner, Some(0)).await;
+    assert!(token.get() > AHEAD, "{token:?} is not above {AHEAD}");
+    assert!(store.release(&k, &owner).await.unwrap());
+}
+
+/// One node of five has a counter far ahead, and answers last. When all
+/// five grant, nothing is written back (5 scripts run, the grants), and the
+/// token is not that node's (the largest): without a write-back only that
+/// node would hold it, and the next majority, without that node, would
+/// mint less. The next grant, by the other four, must be larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_by_every_node_counts_without_a_write_back_and_stays_below_the_next() {
+    let servers = start_independent(5);
+    let store = stores::redlock_over(&servers, Duration::from_secs(3600));
+    let k = key("all-five-durable");
+    let fence = store.nodes()[0].fence_key(&k);
+    servers[0].cmd(&["SET", &fence, &AHEAD.to_string()]);
+    let owner = OwnerToken::generate();
+    let first = grant_by_all_five(&store, &servers, &k, &owner, Some(0)).await;
+    let scripts: u64 = servers.iter().map(|s| s.command_calls("evalsha")).sum();
+    assert_eq!(scripts, 5, "a write-back ran: the late fifth answer was not waited for");
+    assert!(
+        first.get() < AHEAD,
+        "{first:?}: the largest mint was taken, not the median"
+    );
+    assert!(store.release(&k, &owner).await.unwrap());
+    // Node 0 out of the next majority: the other four grant.
+    occupy(&store, &servers, 0, &k);
+    let next = OwnerToken::generate();
+    let second = granted(store.acquire(&k, &next, LEASE).await);
+    assert!(second > first, "{second:?} is not above {first:?}");
+    assert!(store.release(&k, &next).await.unwrap());
+}
+
 /// The write-back of the token reaches only one node of five: nodes 2, 3
 /// and 4 are frozen while nodes 0 and 1 grant; nodes 0 and 1 are frozen in
 /// turn, and node 2, whose counter is far ahead (so the token is its own

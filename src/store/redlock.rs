@@ -53,12 +53,21 @@ use quorum::{gather, tally};
 ///
 /// # Fencing, and what Redlock cannot promise
 ///
-/// Each node mints its own token (`max(last + 1, TIME µs)`); the grant's
-/// token is the largest of the majority's, written back to the counters of
-/// the granting nodes that minted less. The token counts only once a
-/// majority holds a counter at least as large (the node that minted it
-/// without a write-back, the others once they acknowledged it); short of that the grant is undone and the acquire answers
-/// [`Error::Unavailable`]. Any two majorities share a node, so tokens increase
+/// Each node mints its own token (`max(last + 1, TIME µs)`). The token
+/// counts only once a majority holds a counter at least as large, so that
+/// the next majority, which shares a node with it, mints above it:
+///
+/// * when every node granted with a fresh mint (the usual case: the grant
+///   waits for the nodes after the majority's answers as long again as the
+///   majority took), the token is the majority-th largest mint: a majority
+///   minted it or more, and the nodes that minted it or less are enough to
+///   share one with the majority of the last counted token, so it is above
+///   that one. Nothing is written back;
+/// * otherwise the token is the largest of the majority's, written back to
+///   the counters of the granting nodes that minted less (it counts once a
+///   majority acknowledged it, the node that minted it included); short of
+///   that the grant is undone and the acquire answers
+///   [`Error::Unavailable`]. Any two majorities share a node, so tokens increase
 /// *while a majority keeps its data*. They do not survive more than a
 /// minority losing state: a node restarted without persistence forgets its
 /// locks and counters, and must stay out of service for at least one

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use futures_util::stream::StreamExt;
 use tokio::time::Instant;
 
 use super::RedlockStore;
@@ -24,7 +25,7 @@ impl RedlockStore {
         let (k, o) = (key.clone(), owner.clone());
         // Answer as soon as a quorum granted, or refusals and failures
         // leave no quorum possible.
-        let (answers, stragglers) = gather(
+        let (mut answers, mut stragglers) = gather(
             self.indexed(),
             move |node| {
                 let (k, o) = (k.clone(), o.clone());
@@ -36,6 +37,24 @@ impl RedlockStore {
             },
         )
         .await;
+        // A quorum of fresh fenced grants: if the other nodes grant too,
+        // the token counts without a write-back (see `count_grant`). Wait
+        // for them as long again as the quorum took (about what the
+        // write-back round would cost), no longer: a slow node is then a
+        // straggler, and the write-back runs as usual.
+        let fresh = |a: &Result<(AcquireOutcome, bool), Error>| {
+            matches!(a, Ok((AcquireOutcome::Granted(_), false)))
+        };
+        if !stragglers.is_empty() && answers.iter().all(|(_, a)| fresh(a)) && answers.len() >= q {
+            let until = Instant::now() + start.elapsed();
+            while let Ok(Some(late)) = tokio::time::timeout_at(until, stragglers.next()).await {
+                let more = fresh(&late.1);
+                answers.push(late);
+                if !more {
+                    break;
+                }
+            }
+        }
         let elapsed = start.elapsed();
         let mut granted: Vec<(usize, FencingToken)> = Vec::new();
         // Re-entries (the lock was ours already): how many, the least token.
@@ -70,7 +89,6 @@ impl RedlockStore {
             // to write back), whatever the other nodes minted.
             Ok(AcquireOutcome::GrantedUnfenced)
         } else if granted.len() >= q && !valid.is_zero() {
-            let reentered = reentered.1.filter(|_| reentered.0 >= q);
             self.count_grant(key, owner, (lease, start), &granted, &maybe, reentered)
                 .await
         } else {
@@ -144,6 +162,36 @@ impl RedlockStore {
         at_token + answers.iter().filter(|(_, r)| r.is_ok()).count()
     }
 
+    /// The token of a grant that every node made with a fresh mint (a
+    /// token larger than its counter was): the quorum-th largest, which
+    /// counts as it is, with no write-back.
+    ///
+    /// * A quorum of the counters hold it or more (the quorum-th largest
+    ///   and those above it): the next majority shares one of those nodes
+    ///   and mints above it.
+    /// * The nodes that minted it or less are N − quorum + 1, so they share
+    ///   a node with the majority that holds the last counted token T′ (N −
+    ///   quorum + 1 + quorum > N); that node's counter was at least T′ and
+    ///   its fresh mint is above it, so the token is above T′ too.
+    ///
+    /// The largest token (what a write-back makes count) is not safe here
+    /// without the write-back: only the nodes that minted it hold it. The
+    /// smallest is not safe at all: it may come from a node outside the
+    /// last majority. With fewer than N fresh mints no choice meets both
+    /// conditions, and the write-back decides.
+    fn counted_without_write_back(
+        &self,
+        granted: &[(usize, FencingToken)],
+    ) -> Option<FencingToken> {
+        let n = self.nodes.len();
+        if granted.len() < n {
+            return None;
+        }
+        let mut minted: Vec<FencingToken> = granted.iter().map(|&(_, t)| t).collect();
+        minted.sort_unstable();
+        Some(minted[n - self.quorum])
+    }
+
     /// A grant on a quorum: its token, once a quorum holds a counter at
     /// least as large; undone otherwise. A re-entry (the lock was ours
     /// already on a quorum, so nobody can have held it in between: an
@@ -157,9 +205,14 @@ impl RedlockStore {
         (lease, start): (Duration, Instant),
         granted: &[(usize, FencingToken)],
         maybe: &[usize],
-        reentered: Option<FencingToken>,
+        (reentries, least): (usize, Option<FencingToken>),
     ) -> Result<AcquireOutcome, Error> {
-        if let Some(token) = reentered {
+        if let Some(token) = least.filter(|_| reentries >= self.quorum) {
+            return Ok(AcquireOutcome::Granted(token));
+        }
+        if reentries == 0
+            && let Some(token) = self.counted_without_write_back(granted)
+        {
             return Ok(AcquireOutcome::Granted(token));
         }
         let token = granted
