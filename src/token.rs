@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::key::push_hex;
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 
 /// A secret that identifies one holder of one lock: 128 bits from the OS
 /// random source, written as 32 lowercase hex characters.
@@ -32,10 +32,11 @@ impl OwnerToken {
         // locking with a guessable owner token would be unsafe.
         #[allow(clippy::expect_used)]
         getrandom::fill(&mut raw).expect("the OS random source failed");
-        let mut s = String::with_capacity(32);
-        push_hex(&mut s, &raw);
         let mut hex = [0u8; 32];
-        hex.copy_from_slice(s.as_bytes());
+        for (pair, b) in hex.chunks_exact_mut(2).zip(raw) {
+            pair[0] = HEX_DIGITS[usize::from(b >> 4)];
+            pair[1] = HEX_DIGITS[usize::from(b & 15)];
+        }
         OwnerToken { hex }
     }
 

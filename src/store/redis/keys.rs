@@ -93,12 +93,25 @@ impl std::fmt::Display for Name<'_> {
 
 impl redis::ToRedisArgs for Name<'_> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        use std::io::Write as _;
-        let mut arg = out.writer_for_next_arg();
-        // Writing into the argument buffer cannot fail.
-        self.emit(|part| {
-            let _ = arg.write_all(part);
-        });
+        // Put together on the stack and written in one piece (one copy into
+        // the command, not one per part); a longer name in parts.
+        let mut buf = [0u8; 256];
+        let len = self.byte_len();
+        if len <= buf.len() {
+            let mut at = 0;
+            self.emit(|part| {
+                buf[at..at + part.len()].copy_from_slice(part);
+                at += part.len();
+            });
+            out.write_arg(&buf[..at]);
+        } else {
+            use std::io::Write as _;
+            let mut arg = out.writer_for_next_arg();
+            // Writing into the argument buffer cannot fail.
+            self.emit(|part| {
+                let _ = arg.write_all(part);
+            });
+        }
     }
 }
 
@@ -167,6 +180,26 @@ mod tests {
         // The fencing counter is the bucket's, shared by its ids.
         assert_eq!(name("42", FENCE), "trl:{orders:170}:fence");
         assert_eq!(name("ord_1", FENCE), "trl:{orders:2b1}:fence");
+    }
+
+    #[test]
+    fn a_name_is_written_into_a_command_as_it_prints() {
+        use redis::ToRedisArgs as _;
+        // Short (built on the stack) and longer than the stack buffer
+        // (written in parts): the same bytes as its text either way.
+        let long_prefix = "p".repeat(300);
+        for prefix in ["trl", long_prefix.as_str()] {
+            let key = LockKey::new("orders", "ord_1").unwrap();
+            for suffix in [LOCK, FENCE] {
+                let name = Name {
+                    prefix,
+                    key: &key,
+                    suffix,
+                };
+                let written = name.to_redis_args();
+                assert_eq!(written, vec![name.to_string().into_bytes()], "{name}");
+            }
+        }
     }
 
     #[test]
