@@ -186,7 +186,10 @@ async fn a_grant_by_every_node_counts_without_a_write_back_and_stays_below_the_n
     let owner = OwnerToken::generate();
     let first = grant_by_all_five(&store, &servers, &k, &owner, Some(0)).await;
     let scripts: u64 = servers.iter().map(|s| s.command_calls("evalsha")).sum();
-    assert_eq!(scripts, 5, "a write-back ran: the late fifth answer was not waited for");
+    assert_eq!(
+        scripts, 5,
+        "a write-back ran: the late fifth answer was not waited for"
+    );
     assert!(
         first.get() < AHEAD,
         "{first:?}: the largest mint was taken, not the median"

@@ -67,7 +67,9 @@ use quorum::{gather, tally};
 ///   the counters of the granting nodes that minted less (it counts once a
 ///   majority acknowledged it, the node that minted it included); short of
 ///   that the grant is undone and the acquire answers
-///   [`Error::Unavailable`]. Any two majorities share a node, so tokens increase
+///   [`Error::Unavailable`].
+///
+/// Any two majorities share a node, so tokens increase
 /// *while a majority keeps its data*. They do not survive more than a
 /// minority losing state: a node restarted without persistence forgets its
 /// locks and counters, and must stay out of service for at least one
