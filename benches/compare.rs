@@ -66,21 +66,41 @@ impl Case {
 struct Client {
     raw: Option<MultiplexedConnection>,
     rslock: rslock::LockManager,
-    ours: Locker<tower_redis_lock::BoxStore>,
-    unfenced: Locker<tower_redis_lock::BoxStore>,
+    ours: Ours,
+    unfenced: Ours,
+}
+
+/// Our locker as a user writes it: over the store itself (no `BoxStore`).
+enum Ours {
+    One(Locker<RedisStore>),
+    Redlock(Locker<RedlockStore>),
+}
+
+impl Ours {
+    async fn cycle(&self, k: &LockKey) {
+        match self {
+            Ours::One(locker) => try_and_release(locker, k).await,
+            Ours::Redlock(locker) => try_and_release(locker, k).await,
+        }
+    }
+}
+
+async fn try_and_release<S: tower_redis_lock::LockStore>(locker: &Locker<S>, k: &LockKey) {
+    let g = locker.try_acquire(k).await.unwrap();
+    assert!(g.release().await.unwrap());
 }
 
 impl Client {
     async fn new(urls: &[String]) -> Client {
-        let store = |fencing: bool| -> tower_redis_lock::BoxStore {
+        let store = |fencing: bool| -> Ours {
             let nodes: Vec<RedisStore> = urls
                 .iter()
                 .map(|u| RedisStore::builder(u).fencing(fencing).build().unwrap())
                 .collect();
             if nodes.len() == 1 {
-                tower_redis_lock::BoxStore::new(nodes.into_iter().next().unwrap())
+                Ours::One(Locker::new(nodes.into_iter().next().unwrap()))
             } else {
-                tower_redis_lock::BoxStore::new(RedlockStore::new(nodes).unwrap())
+                Ours::Redlock(Locker::new(RedlockStore::new(nodes).unwrap()))
             }
         };
         let raw = if urls.len() == 1 {
@@ -92,8 +112,8 @@ impl Client {
         Client {
             raw,
             rslock: rslock::LockManager::new(urls.to_vec()),
-            ours: Locker::new(store(true)),
-            unfenced: Locker::new(store(false)),
+            ours: store(true),
+            unfenced: store(false),
         }
     }
 
@@ -126,8 +146,7 @@ impl Client {
                     &self.unfenced
                 };
                 let k = LockKey::new("cmp", task.to_string()).unwrap();
-                let g = locker.try_acquire(&k).await.unwrap();
-                assert!(g.release().await.unwrap());
+                locker.cycle(&k).await;
             }
         }
     }

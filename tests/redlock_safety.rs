@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use support::topology::start_independent;
-use support::{RedisServer, eventually, stores};
+use support::{RedisServer, eventually, eventually_some, stores};
 use tower_redis_lock::{
     AcquireOutcome, Error, FencingToken, LockKey, LockStore, OwnerToken, RedlockStore, Renewal,
 };
@@ -148,27 +148,35 @@ async fn a_grant_by_every_node_is_above_the_majority_that_counted_last() {
     assert!(store.release(&k, &owner).await.unwrap());
 }
 
-/// A node where the lock was ours already answers its counter, not a fresh
-/// mint above it, so it cannot vouch for the token: three nodes hold the
-/// counted token's counter, one of them already holds the lock for this
-/// owner (an earlier attempt's grant whose answer was lost) and answers
-/// last. The median of the five answers would be the counted token
-/// itself; the grant must write back the largest instead.
+/// A re-entry by the same owner (a lost answer, retried) keeps its token
+/// when every node answers, and never goes below it otherwise: a grant by
+/// all five, then the same owner again with node 4 frozen. The four
+/// counters include two below the token (the grant's token was the third
+/// largest of five); the re-entry's token is the largest of the four,
+/// written back, never the least of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_that_was_ours_already_is_no_fresh_mint() {
+async fn a_reentry_never_answers_less_than_its_grant() {
     let servers = start_independent(5);
     let store = stores::redlock_over(&servers, Duration::from_secs(3600));
     let k = key("all-five-reentered");
     let owner = OwnerToken::generate();
-    for node in [0, 1, 2] {
-        let fence = store.nodes()[node].fence_key(&k);
-        servers[node].cmd(&["SET", &fence, &AHEAD.to_string()]);
-    }
-    let lock = store.nodes()[0].lock_key(&k);
-    servers[0].cmd(&["SET", &lock, owner.as_str(), "PX", "60000"]);
-    let token = grant_by_all_five(&store, &servers, &k, &owner, Some(0)).await;
-    assert!(token.get() > AHEAD, "{token:?} is not above {AHEAD}");
+    let first = grant_by_all_five(&store, &servers, &k, &owner, None).await;
+    assert_eq!(granted(store.acquire(&k, &owner, LEASE).await), first);
+    servers[4].freeze();
+    let again = granted(store.acquire(&k, &owner, LEASE).await);
+    assert!(again >= first, "{again:?} is below the grant's {first:?}");
     assert!(store.release(&k, &owner).await.unwrap());
+    servers[4].thaw();
+    let next = OwnerToken::generate();
+    let later = eventually_some(Duration::from_secs(10), async || {
+        match store.acquire(&k, &next, LEASE).await {
+            Ok(AcquireOutcome::Granted(t)) => Some(t),
+            _ => None,
+        }
+    })
+    .await
+    .expect("granted once node 4 has run the queued release");
+    assert!(later > again, "{later:?} is not above {again:?}");
 }
 
 /// One node of five has a counter far ahead, and answers last. When all

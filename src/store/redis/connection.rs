@@ -103,6 +103,15 @@ impl RedisStore {
         if let Some(c) = lock(&self.inner.conn).as_ref() {
             return Ok(c.clone());
         }
+        // Boxed: opening is rare, and its future (the pool, Sentinel or
+        // Cluster client, several layers deep, and the script loads) would
+        // otherwise be nested into the future of every call, and copied
+        // with it at each layer (kilobytes per command).
+        Box::pin(self.connect(op, key)).await
+    }
+
+    /// Opens the shared command connection (one task at a time).
+    async fn connect(&self, op: Operation, key: Option<&LockKey>) -> Result<Conn, Error> {
         let _one_at_a_time = self.inner.connecting.lock().await;
         if let Some(c) = lock(&self.inner.conn).as_ref() {
             return Ok(c.clone());
@@ -115,10 +124,7 @@ impl RedisStore {
                     .await
                     .map_err(|e| Error::from_redis(op, key, e))?,
             )),
-            // Boxed: opening a connection is rare, and its future (pool or
-            // Sentinel, several layers of the redis client deep) would
-            // otherwise be nested into every call's future type.
-            _ => Conn::Single(Box::pin(self.open_single(op, key)).await?),
+            _ => Conn::Single(self.open_single(op, key).await?),
         };
         let mut conn = conn;
         #[cfg_attr(not(feature = "cluster"), allow(irrefutable_let_patterns))]

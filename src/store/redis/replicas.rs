@@ -46,6 +46,23 @@ impl WaitReplicas {
 }
 
 impl RedisStore {
+    /// A grant that waits for replicas: the acquire script and `WAIT` (see
+    /// [`grant_and_wait`](Self::grant_and_wait)), then, if it granted, the
+    /// check of how many replicas acknowledged it.
+    pub(super) async fn grant_on_replicas(
+        &self,
+        call: &ScriptCall,
+        key: &LockKey,
+        owner: &OwnerToken,
+        w: WaitReplicas,
+    ) -> Result<(i64, redis::Value), Error> {
+        let (kind, value, acked) = self.grant_and_wait(call, key, w).await?;
+        if let Some(acked) = acked {
+            self.check_replicas(key, owner, w, acked).await?;
+        }
+        Ok((kind, value))
+    }
+
     /// The acquire script, then (if it granted) `WAIT`, on a connection of
     /// their own: `WAIT` blocks the connection it runs on, and it must run
     /// where the grant was written (it counts that client's writes). The

@@ -126,12 +126,18 @@ impl ScriptCall {
         c: &mut impl redis::aio::ConnectionLike,
     ) -> RedisResult<T> {
         match self.cmd.query_async(c).await {
-            Err(e) if is_no_script(&e) => {
-                self.script.load_async(c).await?;
-                self.cmd.query_async(c).await
-            }
+            // Boxed: rare, and it would otherwise grow every call's future.
+            Err(e) if is_no_script(&e) => Box::pin(self.reload_and_send(c)).await,
             answer => answer,
         }
+    }
+
+    async fn reload_and_send<T: FromRedisValue>(
+        &self,
+        c: &mut impl redis::aio::ConnectionLike,
+    ) -> RedisResult<T> {
+        self.script.load_async(c).await?;
+        self.cmd.query_async(c).await
     }
 }
 
@@ -194,13 +200,8 @@ impl RedisStore {
                 })
                 .await?
             }
-            Some(w) => {
-                let (kind, value, acked) = self.grant_and_wait(&call, key, w).await?;
-                if let Some(acked) = acked {
-                    self.check_replicas(key, owner, w, acked).await?;
-                }
-                (kind, value)
-            }
+            // Boxed: its futures would otherwise grow every grant's.
+            Some(w) => Box::pin(self.grant_on_replicas(&call, key, owner, w)).await?,
         };
         let unexpected = || Error::Unavailable {
             op: Operation::Acquire,

@@ -37,18 +37,18 @@ impl RedlockStore {
             },
         )
         .await;
-        // A quorum of fresh fenced grants: if the other nodes grant too,
-        // the token counts without a write-back (see `count_grant`). Wait
-        // for them as long again as the quorum took (about what the
+        // A quorum of fenced grants: if the other nodes grant too, the
+        // token counts without a write-back (see `counted_without_write_back`).
+        // Wait for them as long again as the quorum took (about what the
         // write-back round would cost), no longer: a slow node is then a
         // straggler, and the write-back runs as usual.
-        let fresh = |a: &Result<(AcquireOutcome, bool), Error>| {
-            matches!(a, Ok((AcquireOutcome::Granted(_), false)))
+        let fenced = |a: &Result<(AcquireOutcome, bool), Error>| {
+            matches!(a, Ok((AcquireOutcome::Granted(_), _)))
         };
-        if !stragglers.is_empty() && answers.iter().all(|(_, a)| fresh(a)) && answers.len() >= q {
+        if !stragglers.is_empty() && answers.len() >= q && answers.iter().all(|(_, a)| fenced(a)) {
             let until = Instant::now() + start.elapsed();
             while let Ok(Some(late)) = tokio::time::timeout_at(until, stragglers.next()).await {
-                let more = fresh(&late.1);
+                let more = fenced(&late.1);
                 answers.push(late);
                 if !more {
                     break;
@@ -56,21 +56,16 @@ impl RedlockStore {
             }
         }
         let elapsed = start.elapsed();
+        // Each node's token: a fresh mint, or where the lock was ours
+        // already, its counter (which holds the mint made when it was
+        // taken there, see acquire.lua).
         let mut granted: Vec<(usize, FencingToken)> = Vec::new();
-        // Re-entries (the lock was ours already): how many, the least token.
-        let mut reentered: (usize, Option<FencingToken>) = (0, None);
         let mut held: Vec<Option<Duration>> = Vec::new();
         // Nodes that granted without fencing (`fencing(false)` on the store builder).
         let mut unfenced = 0;
         for (i, a) in &answers {
             match a {
-                Ok((AcquireOutcome::Granted(t), again)) => {
-                    granted.push((*i, *t));
-                    if *again {
-                        let least = reentered.1.map_or(*t, |r| r.min(*t));
-                        reentered = (reentered.0 + 1, Some(least));
-                    }
-                }
+                Ok((AcquireOutcome::Granted(t), _)) => granted.push((*i, *t)),
                 Ok((AcquireOutcome::GrantedUnfenced, _)) => unfenced += 1,
                 Ok((AcquireOutcome::Held { remaining }, _)) => held.push(*remaining),
                 Ok((AcquireOutcome::Completed(_), _)) | Err(_) => {}
@@ -89,7 +84,7 @@ impl RedlockStore {
             // to write back), whatever the other nodes minted.
             Ok(AcquireOutcome::GrantedUnfenced)
         } else if granted.len() >= q && !valid.is_zero() {
-            self.count_grant(key, owner, (lease, start), &granted, &maybe, reentered)
+            self.count_grant(key, owner, (lease, start), &granted, &maybe)
                 .await
         } else {
             // No majority (or no time left): undo, owner-checked.
@@ -162,23 +157,28 @@ impl RedlockStore {
         at_token + answers.iter().filter(|(_, r)| r.is_ok()).count()
     }
 
-    /// The token of a grant that every node made with a fresh mint (a
-    /// token larger than its counter was): the quorum-th largest, which
-    /// counts as it is, with no write-back.
+    /// The token of a grant that every node made: the quorum-th largest
+    /// of their tokens, which counts as it is, with no write-back. Each
+    /// node's token is above what its counter held when the last counted
+    /// token T′ was given out: a fresh mint is above the counter; where
+    /// the lock was ours already (an earlier attempt of this owner), the
+    /// counter holds the mint made when the lock was taken there, which
+    /// the holder of T′ had to have let go of first.
     ///
     /// * A quorum of the counters hold it or more (the quorum-th largest
     ///   and those above it): the next majority shares one of those nodes
     ///   and mints above it.
-    /// * The nodes that minted it or less are N − quorum + 1, so they share
-    ///   a node with the majority that holds the last counted token T′ (N −
-    ///   quorum + 1 + quorum > N); that node's counter was at least T′ and
-    ///   its fresh mint is above it, so the token is above T′ too.
+    /// * The nodes whose token is at most it are N − quorum + 1, so they
+    ///   share a node with the majority that holds T′ (N − quorum + 1 +
+    ///   quorum > N), whose token is above T′: so is this one.
     ///
-    /// The largest token (what a write-back makes count) is not safe here
-    /// without the write-back: only the nodes that minted it hold it. The
-    /// smallest is not safe at all: it may come from a node outside the
-    /// last majority. With fewer than N fresh mints no choice meets both
-    /// conditions, and the write-back decides.
+    /// It is also the token a re-entry by every node answers again, as
+    /// long as no other lock of the bucket minted meanwhile (the counters
+    /// are the grant's mints). The largest token is not safe here without
+    /// a write-back: only the nodes that minted it hold it. The smallest is
+    /// not safe at all: it may come from a node outside the last majority.
+    /// With fewer than N tokens no choice meets both conditions, and the
+    /// write-back decides.
     fn counted_without_write_back(
         &self,
         granted: &[(usize, FencingToken)],
@@ -187,17 +187,17 @@ impl RedlockStore {
         if granted.len() < n {
             return None;
         }
-        let mut minted: Vec<FencingToken> = granted.iter().map(|&(_, t)| t).collect();
-        minted.sort_unstable();
-        Some(minted[n - self.quorum])
+        let mut tokens: Vec<FencingToken> = granted.iter().map(|&(_, t)| t).collect();
+        tokens.sort_unstable();
+        Some(tokens[n - self.quorum])
     }
 
     /// A grant on a quorum: its token, once a quorum holds a counter at
-    /// least as large; undone otherwise. A re-entry (the lock was ours
-    /// already on a quorum, so nobody can have held it in between: an
-    /// attempt whose answer was lost) keeps the token of its grant, the
-    /// smallest counter among those nodes (a node that answered after the
-    /// grant counted minted a larger one).
+    /// least as large (see [`counted_without_write_back`] when every node
+    /// granted; otherwise the largest token, written back); undone
+    /// otherwise.
+    ///
+    /// [`counted_without_write_back`]: Self::counted_without_write_back
     async fn count_grant(
         &self,
         key: &LockKey,
@@ -205,14 +205,8 @@ impl RedlockStore {
         (lease, start): (Duration, Instant),
         granted: &[(usize, FencingToken)],
         maybe: &[usize],
-        (reentries, least): (usize, Option<FencingToken>),
     ) -> Result<AcquireOutcome, Error> {
-        if let Some(token) = least.filter(|_| reentries >= self.quorum) {
-            return Ok(AcquireOutcome::Granted(token));
-        }
-        if reentries == 0
-            && let Some(token) = self.counted_without_write_back(granted)
-        {
+        if let Some(token) = self.counted_without_write_back(granted) {
             return Ok(AcquireOutcome::Granted(token));
         }
         let token = granted
