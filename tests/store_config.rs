@@ -165,3 +165,59 @@ async fn unbounded_lease_and_retention_are_capped() {
         .unwrap();
     assert!(pttl > 0, "{pttl}");
 }
+
+/// The command timeout bounds each call, not the client's own response
+/// timeout (500 ms by default): a server that stalls for 800 ms (frozen,
+/// then thawed) answers a grant within a 3 s command timeout — over a
+/// store made from a URL (its connections have no response timeout of
+/// their own) and over a pool handed in (whose connections' timeout the
+/// store moves past the command timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_slower_than_the_clients_response_timeout_answers_within_the_command_timeout() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_secs(3);
+    let manager = tower_redis_lock::deadpool_redis::Manager::new(server.url()).unwrap();
+    let pool = tower_redis_lock::deadpool_redis::Pool::builder(manager)
+        .runtime(tower_redis_lock::deadpool_redis::Runtime::Tokio1)
+        .build()
+        .unwrap();
+    let stores = [
+        (
+            "url",
+            RedisStore::builder(&server.url())
+                .command_timeout(timeout)
+                .build()
+                .unwrap(),
+        ),
+        (
+            "pool",
+            RedisStore::pool_builder(pool)
+                .command_timeout(timeout)
+                .build()
+                .unwrap(),
+        ),
+    ];
+    for (source, store) in stores {
+        let k = LockKey::new("slow", source).unwrap();
+        // Connected first, so that the stall is the grant's alone.
+        let warm = OwnerToken::generate();
+        assert!(matches!(
+            store.acquire(&k, &warm, timeout).await,
+            Ok(AcquireOutcome::Granted(_))
+        ));
+        assert!(store.release(&k, &warm).await.unwrap());
+        server.freeze();
+        let grant = tokio::spawn({
+            let (store, k) = (store.clone(), k.clone());
+            async move { store.acquire(&k, &OwnerToken::generate(), timeout).await }
+        });
+        // The stall.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        server.thaw();
+        let answer = grant.await.unwrap();
+        assert!(
+            matches!(answer, Ok(AcquireOutcome::Granted(_))),
+            "{source}: {answer:?}"
+        );
+    }
+}

@@ -20,6 +20,13 @@ use crate::{Error, LockKey, Operation};
 /// Where command connections come from.
 #[derive(Clone)]
 pub(super) enum Source {
+    /// A pool the store made from a URL: its connections have no response
+    /// timeout of the client's own, the store's command timeout bounds
+    /// every call (one timer per command, not two).
+    Url(deadpool_redis::Pool),
+    /// A pool handed in: its connections come with the response timeout
+    /// its manager gives them, which the store moves past the command
+    /// timeout, so that the command timeout is what answers.
     Pool(deadpool_redis::Pool),
     #[cfg(feature = "sentinel")]
     Sentinel(Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
@@ -31,7 +38,7 @@ impl Source {
     /// The topology, for `Debug`.
     pub(super) fn topology(&self) -> &'static str {
         match self {
-            Source::Pool(_) => "primary",
+            Source::Url(_) | Source::Pool(_) => "primary",
             #[cfg(feature = "sentinel")]
             Source::Sentinel(_) => "sentinel",
             #[cfg(feature = "cluster")]
@@ -127,11 +134,11 @@ impl RedisStore {
             _ => Conn::Single(self.open_single(op, key).await?),
         };
         let mut conn = conn;
-        #[cfg_attr(not(feature = "cluster"), allow(irrefutable_let_patterns))]
-        if let Conn::Single(c) = &mut conn {
-            // The client's own response timeout (500 ms by default) would
-            // cut every call short of a longer command timeout; set past
-            // it, so that the command timeout is what answers.
+        if let (Conn::Single(c), Source::Pool(_)) = (&mut conn, &self.inner.source) {
+            // A pool handed in: the client's own response timeout (500 ms
+            // by default) would cut every call short of a longer command
+            // timeout; set past it, so that the command timeout is what
+            // answers. (Connections the store opens itself have none.)
             c.set_response_timeout(self.inner.timeout.saturating_add(Duration::from_secs(1)));
         }
         #[cfg_attr(not(feature = "cluster"), allow(irrefutable_let_patterns))]
@@ -160,7 +167,7 @@ impl RedisStore {
         key: Option<&LockKey>,
     ) -> Result<MultiplexedConnection, Error> {
         match &self.inner.source {
-            Source::Pool(pool) => {
+            Source::Url(pool) | Source::Pool(pool) => {
                 let obj = pool.get().await.map_err(|e| pool_error(op, key, e))?;
                 Ok(deadpool_redis::Connection::take(obj))
             }
@@ -174,7 +181,7 @@ impl RedisStore {
                     .await
                     .map_err(redis_err)?;
                 client
-                    .get_multiplexed_async_connection()
+                    .get_multiplexed_async_connection_with_config(&unbounded_responses())
                     .await
                     .map_err(redis_err)
             }
@@ -246,6 +253,13 @@ impl RedisStore {
             }
         }
     }
+}
+
+/// Connections the store opens itself: no response timeout of the
+/// client's own (the command timeout bounds every call, connecting
+/// included), the client's other defaults.
+pub(super) fn unbounded_responses() -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new().set_response_timeout(None)
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

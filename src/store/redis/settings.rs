@@ -67,11 +67,17 @@ impl RedisStore {
         let source = redis::Client::open(url)
             .map_err(|e| config_err(&e))
             .and_then(|client| {
-                let pool = deadpool_redis::Config::from_url(url)
-                    .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                let manager = deadpool_redis::Manager::new_with_config(
+                    url,
+                    super::connection::unbounded_responses(),
+                )
+                .map_err(|e| config_err(&e))?;
+                let pool = deadpool_redis::Pool::builder(manager)
+                    .runtime(deadpool_redis::Runtime::Tokio1)
+                    .build()
                     .map_err(|e| config_err(&e))?;
                 Ok((
-                    Source::Pool(pool),
+                    Source::Url(pool),
                     Some(PubSubSource::Client(Box::new(client))),
                 ))
             });
