@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -15,7 +14,7 @@ use super::hold::Hold;
 use super::lease::{Lease, LossReason};
 use super::pending::{EndOp, Ending, PendingEnd, trace_release};
 use super::reentry;
-use super::watchdog::Cmd;
+use super::watchdog::Watchdog;
 use crate::observe;
 use crate::store::LockStore;
 use crate::{Error, FencingToken, LockKey, Unfenced};
@@ -67,7 +66,7 @@ pub struct LockGuard {
 }
 impl LockGuard {
     /// The guard of a fresh grant.
-    pub(crate) fn new(end: Ending, watchdog: mpsc::UnboundedSender<Cmd>) -> Self {
+    pub(crate) fn new(end: Ending, watchdog: Watchdog) -> Self {
         LockGuard {
             shared: Arc::new(Hold::new(end, watchdog)),
         }

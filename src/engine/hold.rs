@@ -4,11 +4,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use tokio::sync::mpsc;
-
 use super::lease::Lease;
 use super::pending::{EndOp, Ending};
-use super::watchdog::Cmd;
+use super::watchdog::Watchdog;
 use crate::LockKey;
 use crate::store::LockStore;
 
@@ -16,14 +14,14 @@ use crate::store::LockStore;
 /// share it.
 pub(crate) struct Hold {
     pub(crate) end: Ending,
-    pub(crate) watchdog: mpsc::UnboundedSender<Cmd>,
+    pub(crate) watchdog: Watchdog,
     /// Whether this hold has been given back (release, finish or drop).
     ended: AtomicBool,
 }
 
 impl Hold {
     /// The first hold of a fresh grant.
-    pub(crate) fn new(end: Ending, watchdog: mpsc::UnboundedSender<Cmd>) -> Hold {
+    pub(crate) fn new(end: Ending, watchdog: Watchdog) -> Hold {
         Hold {
             end,
             watchdog,
@@ -92,7 +90,7 @@ impl Hold {
         if !self.end.lease.mark_released() {
             return false;
         }
-        let _ = self.watchdog.send(Cmd::Remove(self.end.lease.id));
+        self.watchdog.remove(self.end.lease.id);
         true
     }
 
@@ -124,13 +122,14 @@ mod tests {
     struct Granted {
         hold: Hold,
         store: Arc<MemoryStore>,
-        cmds: mpsc::UnboundedReceiver<Cmd>,
+        watchdog: Watchdog,
     }
 
     async fn granted(id: &str) -> Granted {
         let store = Arc::new(MemoryStore::new());
         let lease = grant(&store, &key(id), Duration::from_secs(30), None).await;
-        let (tx, cmds) = mpsc::unbounded_channel();
+        let watchdog = Watchdog::detached();
+        assert!(watchdog.add(lease.clone()).is_ok());
         let end = Ending {
             lease,
             store: crate::store::BoxStore::from_arc(store.clone()),
@@ -138,14 +137,10 @@ mod tests {
             runtime: Some(tokio::runtime::Handle::current()),
         };
         Granted {
-            hold: Hold::new(end, tx),
+            hold: Hold::new(end, watchdog.clone()),
             store,
-            cmds,
+            watchdog,
         }
-    }
-
-    fn removed(cmds: &mut mpsc::UnboundedReceiver<Cmd>) -> bool {
-        matches!(cmds.try_recv(), Ok(Cmd::Remove(_)))
     }
 
     #[tokio::test(start_paused = true)]
@@ -153,7 +148,7 @@ mod tests {
         let Granted {
             hold,
             store,
-            mut cmds,
+            watchdog,
         } = granted("count").await;
         let k = hold.key().clone();
         assert_eq!(hold.count(), 1);
@@ -171,11 +166,11 @@ mod tests {
         assert_eq!(third.count(), 1);
         tokio::task::yield_now().await;
         assert!(store.is_locked(&k));
-        assert!(!removed(&mut cmds), "renewal stopped under a live hold");
+        assert_eq!(watchdog.renewing(), 1, "renewal stopped under a live hold");
 
         // The last one, dropped: off the watchdog, released in the store.
         drop(third);
-        assert!(removed(&mut cmds));
+        assert_eq!(watchdog.renewing(), 0);
         for _ in 0..10 {
             tokio::task::yield_now().await;
         }
@@ -199,11 +194,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn renewal_stops_once_whoever_ends_the_lock() {
-        let mut g = granted("stop").await;
+        let g = granted("stop").await;
         assert!(g.hold.stop_renewal());
-        assert!(removed(&mut g.cmds));
+        assert_eq!(g.watchdog.renewing(), 0);
         assert!(!g.hold.stop_renewal(), "stopped twice");
-        assert!(!removed(&mut g.cmds));
         assert!(!g.hold.is_held());
     }
 }

@@ -1,16 +1,15 @@
 //! The lock engine: acquiring with a wait, and handing out guards.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
 
 use super::guard::LockGuard;
 use super::options::Options;
 use super::queue::Queues;
-use super::watchdog::{self, Cmd};
+use super::watchdog::Watchdog;
 use crate::store::{BoxStore, LockStore};
 use crate::{Error, LockKey};
 
@@ -73,9 +72,8 @@ pub(crate) struct Inner<S> {
     pub(crate) opts: Options,
     /// The renewal task's inbox; replaced when that task is gone (its
     /// runtime shut down).
-    watchdog: RwLock<Option<mpsc::UnboundedSender<Cmd>>>,
+    watchdog: RwLock<Option<Watchdog>>,
     pub(crate) next_id: AtomicU64,
-    renewing: Arc<AtomicUsize>,
     pub(crate) queues: Queues,
 }
 
@@ -104,7 +102,6 @@ impl<S: LockStore> Locker<S> {
                 opts,
                 watchdog: RwLock::new(None),
                 next_id: AtomicU64::new(0),
-                renewing: Arc::default(),
                 queues: Queues::default(),
             }),
         }
@@ -121,14 +118,18 @@ impl<S: LockStore> Locker<S> {
     }
 
     /// How many leases the watchdog is renewing right now (granted and
-    /// neither released nor lost). Updated by the watchdog task, so it lags
-    /// a release by one scheduling step.
+    /// neither released nor found lost).
     ///
     /// A test hook (tests wait for leases to be dropped), not part of the
     /// stable API.
     #[doc(hidden)]
     pub fn renewing(&self) -> usize {
-        self.inner.renewing.load(Ordering::Relaxed)
+        let slot = self
+            .inner
+            .watchdog
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        slot.as_ref().map_or(0, Watchdog::renewing)
     }
 
     /// The configured wait timeout.
@@ -217,33 +218,32 @@ impl<S: LockStore> Locker<S> {
         self.inner.queues.has_waiters(key)
     }
 
-    /// The watchdog's inbox. The watchdog is spawned on `runtime` (the
-    /// caller's) the first time, and again whenever the task it ran on is
-    /// gone — its runtime shut down (a locker shared across `#[tokio::test]`s,
-    /// built in a setup runtime, or outliving a restarted worker).
-    pub(crate) fn watchdog(&self, runtime: &tokio::runtime::Handle) -> mpsc::UnboundedSender<Cmd> {
+    /// The watchdog. Its task is spawned on `runtime` (the caller's) the
+    /// first time, and again whenever the task it ran on is gone — its
+    /// runtime shut down (a locker shared across `#[tokio::test]`s, built in
+    /// a setup runtime, or outliving a restarted worker).
+    pub(crate) fn watchdog(&self, runtime: &tokio::runtime::Handle) -> Watchdog {
         let slot = &self.inner.watchdog;
-        if let Some(tx) = slot.read().unwrap_or_else(|p| p.into_inner()).as_ref()
-            && !tx.is_closed()
+        if let Some(w) = slot.read().unwrap_or_else(|p| p.into_inner()).as_ref()
+            && !w.is_ended()
         {
-            return tx.clone();
+            return w.clone();
         }
         let mut slot = slot.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(tx) = slot.as_ref()
-            && !tx.is_closed()
+        if let Some(w) = slot.as_ref()
+            && !w.is_ended()
         {
-            return tx.clone();
+            return w.clone();
         }
-        let (tx, rx) = mpsc::unbounded_channel();
-        drop(runtime.spawn(watchdog::run(
+        let w = Watchdog::start(
             self.inner.store.clone(),
-            rx,
+            runtime,
             self.inner.opts.batch,
             // Renewals due within lease/12 of each other share a batch.
             self.inner.opts.lease / 12,
-            self.inner.renewing.clone(),
-        )));
-        *slot = Some(tx.clone());
-        tx
+            self.inner.opts.lease,
+        );
+        *slot = Some(w.clone());
+        w
     }
 }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
@@ -15,7 +14,6 @@ use super::lease::Lease;
 use super::locker::{Acquired, Locker};
 use super::pending::{Ending, PendingAttempt};
 use super::reentry;
-use super::watchdog::Cmd;
 use crate::error::ConfigError;
 use crate::observe::{self, Outcome};
 use crate::store::{AcquireOutcome, LockStore, ReleaseWatch};
@@ -271,12 +269,12 @@ impl<S: LockStore> Locker<S> {
         // (Looked up only now: an attempt that finds the lock held
         // needs no watchdog.)
         let watchdog = self.watchdog(&runtime);
-        let watchdog = match watchdog.send(Cmd::Add(lease.clone())) {
+        let watchdog = match watchdog.add(lease.clone()) {
             Ok(()) => watchdog,
-            Err(mpsc::error::SendError(cmd)) => {
+            Err(lease) => {
                 // Its runtime shut down meanwhile: start another.
                 let fresh = self.watchdog(&runtime);
-                let _ = fresh.send(cmd);
+                let _ = fresh.add(lease);
                 fresh
             }
         };

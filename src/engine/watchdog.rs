@@ -15,23 +15,55 @@
 //! the lease is flipped to lost at that instant.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::lease::{Lease, LossReason};
 use crate::store::{LockStore, Renewal};
 
-/// Messages to the scheduler.
-pub(crate) enum Cmd {
-    /// Start renewing a freshly granted lease.
-    Add(Arc<Lease>),
-    /// Stop renewing (released). Sent before the release command.
-    Remove(u64),
+/// The handle of a locker's renewal scheduler, kept by the locker and by
+/// every hold.
+///
+/// A grant puts its lease in the scheduler's table and a release takes it
+/// out, each under a short lock, and neither wakes the task: it looks at
+/// the table when the first lease of its queue needs attention. A grant
+/// wakes it only when its lease needs attention before that (the first
+/// lease after a quiet spell, or a hold cap shorter than the others').
+#[derive(Clone)]
+pub(crate) struct Watchdog {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    table: Mutex<Table>,
+    /// Wakes the task: a lease due before it meant to look, or the last
+    /// handle gone (see `Drop`).
+    wake: Arc<Notify>,
+    /// The task is gone (its runtime shut down): nothing here is renewed.
+    ended: AtomicBool,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Every locker and guard is gone: the task ends.
+        self.wake.notify_one();
+    }
+}
+
+struct Table {
+    entries: HashMap<u64, Entry>,
+    /// (when the lease needs attention, id), first first.
+    queue: BTreeSet<(Instant, u64)>,
+    /// When the task looks at the table next without being woken (`None`:
+    /// only when woken). A grant due before it wakes the task.
+    next_look: Option<Instant>,
+    /// A lease was added since the task last looked.
+    added: bool,
 }
 
 struct Entry {
@@ -55,162 +87,158 @@ type BatchResult = (
     Vec<Result<bool, crate::Error>>,
 );
 
-pub(crate) async fn run<S: LockStore>(
+impl Watchdog {
+    /// Starts the scheduler's task on `runtime`. Renewals due within
+    /// `window` of each other share a batch of at most `batch_size`.
+    pub(crate) fn start<S: LockStore>(
+        store: Arc<S>,
+        runtime: &tokio::runtime::Handle,
+        batch_size: usize,
+        window: Duration,
+        lease: Duration,
+    ) -> Watchdog {
+        let w = Watchdog::detached();
+        let task = run(
+            store,
+            // Made here, not in the task: a task dropped before it ever ran
+            // (its runtime gone first) must say so too.
+            EndedOnDrop(Arc::downgrade(&w.shared)),
+            w.shared.wake.clone(),
+            batch_size,
+            window,
+            lease,
+        );
+        drop(runtime.spawn(task));
+        w
+    }
+
+    /// A table with no task (tests of what registers and unregisters).
+    pub(crate) fn detached() -> Watchdog {
+        Watchdog {
+            shared: Arc::new(Shared {
+                table: Mutex::new(Table {
+                    entries: HashMap::new(),
+                    queue: BTreeSet::new(),
+                    next_look: None,
+                    added: false,
+                }),
+                wake: Arc::new(Notify::new()),
+                ended: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        lock(&self.shared.table)
+    }
+
+    /// Starts renewing a freshly granted lease; gives it back if the task
+    /// is gone (its runtime shut down).
+    pub(crate) fn add(&self, lease: Arc<Lease>) -> Result<(), Arc<Lease>> {
+        if self.is_ended() {
+            return Err(lease);
+        }
+        let next_renew = lease.acquired_at + lease.lease / 3;
+        // Its deadline, if that comes first (a hold cap shorter than a
+        // third of the lease): lost then, not at the renewal time.
+        let at = next_renew.min(lease.valid_until());
+        let id = lease.id;
+        let wake = {
+            let mut t = self.table();
+            t.queue.insert((at, id));
+            t.entries.insert(
+                id,
+                Entry {
+                    lease,
+                    next_renew,
+                    queued: at,
+                    in_flight: false,
+                    capped: false,
+                    retry_at: None,
+                },
+            );
+            t.added = true;
+            t.next_look.is_none_or(|look| at < look)
+        };
+        if wake {
+            self.shared.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Stops renewing (released). Called before the release command.
+    pub(crate) fn remove(&self, id: u64) {
+        let mut t = self.table();
+        if let Some(e) = t.entries.remove(&id) {
+            t.queue.remove(&(e.queued, id));
+        }
+    }
+
+    /// How many leases are being renewed (granted, neither released nor
+    /// found lost).
+    pub(crate) fn renewing(&self) -> usize {
+        self.table().entries.len()
+    }
+
+    /// The task is gone: a new scheduler is needed.
+    pub(crate) fn is_ended(&self) -> bool {
+        self.shared.ended.load(Ordering::Acquire)
+    }
+}
+
+fn lock(table: &Mutex<Table>) -> MutexGuard<'_, Table> {
+    table.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Marks the scheduler ended when its task is dropped (a runtime shutting
+/// down drops its tasks).
+struct EndedOnDrop(Weak<Shared>);
+
+impl Drop for EndedOnDrop {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.upgrade() {
+            shared.ended.store(true, Ordering::Release);
+        }
+    }
+}
+
+async fn run<S: LockStore>(
     store: Arc<S>,
-    mut cmds: mpsc::UnboundedReceiver<Cmd>,
+    ended: EndedOnDrop,
+    wake: Arc<Notify>,
     batch_size: usize,
     window: Duration,
-    renewing: Arc<AtomicUsize>,
+    lease: Duration,
 ) {
-    let mut entries: HashMap<u64, Entry> = HashMap::new();
-    let mut queue: BTreeSet<(Instant, u64)> = BTreeSet::new();
+    let shared = &ended.0;
     let mut in_flight: JoinSet<BatchResult> = JoinSet::new();
     // One timer for the task's life, moved only when the next moment that
-    // needs attention changes (a grant or release whose renewal comes later
-    // than the first one queued does not touch it).
+    // needs attention changes.
     let timer = tokio::time::sleep_until(Instant::now());
     tokio::pin!(timer);
     let mut armed: Option<Instant> = None;
 
     loop {
-        let next_wake = queue.first().map(|&(t, _)| t);
-        if next_wake != armed {
-            if let Some(at) = next_wake {
-                timer.as_mut().reset(at);
+        // Whatever woke us, handle everything that is due, and say when we
+        // look next. (The handle is upgraded only here, never across an
+        // await: the last locker or guard going away must drop it.)
+        let Some(sh) = shared.upgrade() else { return };
+        let (batches, next) = {
+            let mut t = lock(&sh.table);
+            let now = Instant::now();
+            let due = take_due(&mut t, now, window);
+            let mut next = t.queue.first().map(|&(at, _)| at);
+            if next.is_none() && std::mem::take(&mut t.added) {
+                // Nothing held, but grants are coming and going: look again
+                // in a while, so that the next ones need not wake us (a
+                // lease granted from now on needs attention no earlier).
+                next = Some(now + (lease / 3).saturating_sub(window));
             }
-            armed = next_wake;
-        }
-        tokio::select! {
-            biased;
-            cmd = cmds.recv() => {
-                let Some(cmd) = cmd else {
-                    // Every locker and guard is gone, so no lease is left.
-                    renewing.store(0, Ordering::Relaxed);
-                    return;
-                };
-                // Everything already sent, in one wake-up.
-                apply(cmd, &mut entries, &mut queue);
-                while let Ok(cmd) = cmds.try_recv() {
-                    apply(cmd, &mut entries, &mut queue);
-                }
-            },
-            Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
-                let Ok((batch, started, results)) = done else { continue };
-                let now = Instant::now();
-                let mut failed = 0usize;
-                let mut first_error = None;
-                let mut results = results.into_iter();
-                // Each answer applies to its own lease only: one lease's
-                // error or refusal never touches another of the batch.
-                for (id, applied) in batch {
-                    let outcome = results.next().unwrap_or_else(|| {
-                        Err(crate::Error::Unavailable {
-                            op: crate::Operation::Extend,
-                            key: None,
-                            source: "the store answered fewer renewals than it was sent".into(),
-                        })
-                    });
-                    let Some(e) = entries.get_mut(&id) else { continue };
-                    e.in_flight = false;
-                    match outcome {
-                        Ok(true) => {
-                            crate::observe::renewed(now.saturating_duration_since(e.next_renew));
-                            e.lease.renewed(started, applied);
-                            e.next_renew = started + e.lease.lease / 3;
-                            e.retry_at = None;
-                        }
-                        Ok(false) => {
-                            e.lease.mark_lost(LossReason::NotOwner);
-                            queue.remove(&(e.queued, id));
-                            entries.remove(&id);
-                            continue;
-                        }
-                        Err(err) => {
-                            crate::observe::renewal_failed(&err);
-                            // Try again soon; the deadline decides if it is lost.
-                            e.next_renew = now + (e.lease.lease / 12).min(Duration::from_secs(1));
-                            e.retry_at = Some(e.next_renew);
-                            failed += 1;
-                            first_error.get_or_insert(err);
-                        }
-                    }
-                    let at = e.next_renew.min(e.lease.valid_until());
-                    queue.remove(&(e.queued, id));
-                    e.queued = at;
-                    queue.insert((at, id));
-                }
-                if let Some(err) = first_error {
-                    tracing::warn!(error = %err, failed, "lease renewal failed; retrying");
-                }
-            }
-            () = &mut timer, if armed.is_some() => {}
-        }
-
-        // Whatever woke us, handle everything that is due. Renewals due
-        // within the coalescing window go out now, together; a deadline
-        // counts only once it has passed. Entries waiting for their deadline
-        // stay queued untouched, so this loop is finite and the next sleep
-        // is always in the future.
-        let now = Instant::now();
-        if queue.first().is_none_or(|&(at, _)| at > now + window) {
-            // Nothing is due (the usual wake-up: a grant or a release).
-            renewing.store(entries.len(), Ordering::Relaxed);
-            continue;
-        }
-        let mut due: Vec<(u64, Duration)> = Vec::new();
-        let candidates: Vec<(Instant, u64)> =
-            queue.range(..=(now + window, u64::MAX)).copied().collect();
-        for (at, id) in candidates {
-            let Some(e) = entries.get_mut(&id) else {
-                queue.remove(&(at, id));
-                continue;
-            };
-            if !e.lease.is_active() || now >= e.lease.valid_until() {
-                if e.lease.is_active() {
-                    e.lease.mark_lost(LossReason::Expired);
-                }
-                queue.remove(&(at, id));
-                entries.remove(&id);
-                continue;
-            }
-            if e.in_flight
-                || e.capped
-                || e.next_renew > now + window
-                || e.retry_at.is_some_and(|t| t > now)
-            {
-                // Waiting for a reply, or for the deadline (queued for it
-                // because it comes before the next renewal: a renewal
-                // shortened by the hold cap). Renewing again now would
-                // extend nothing, over and over.
-                continue;
-            }
-            let lease = e.lease.renewal_at(now);
-            queue.remove(&(at, id));
-            e.queued = e.lease.valid_until();
-            queue.insert((e.queued, id));
-            if lease < e.lease.drift * 2 {
-                // The hold cap is reached: stop renewing and let the lease
-                // run out; it is reported lost at its deadline.
-                e.capped = true;
-                continue;
-            }
-            e.in_flight = true;
-            due.push((id, lease));
-        }
-        renewing.store(entries.len(), Ordering::Relaxed);
-        for chunk in due.chunks(batch_size.max(1)) {
-            // Built together, so answer i is about lease i.
-            let mut batch = Vec::with_capacity(chunk.len());
-            let mut renewals = Vec::with_capacity(chunk.len());
-            for &(id, lease) in chunk {
-                let Some(e) = entries.get(&id) else { continue };
-                batch.push((id, lease));
-                renewals.push(Renewal {
-                    key: e.lease.key.clone(),
-                    owner: e.lease.owner.clone(),
-                    lease,
-                });
-            }
+            t.next_look = next;
+            (build_batches(&t, &due, batch_size), next)
+        };
+        drop(sh);
+        for (batch, renewals) in batches {
             let store = store.clone();
             in_flight.spawn(async move {
                 let started = Instant::now();
@@ -223,33 +251,166 @@ pub(crate) async fn run<S: LockStore>(
                 (batch, started, results)
             });
         }
+        if next != armed {
+            if let Some(at) = next {
+                timer.as_mut().reset(at);
+            }
+            armed = next;
+        }
+        tokio::select! {
+            biased;
+            () = wake.notified() => {}
+            Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
+                let Ok((batch, started, results)) = done else { continue };
+                let Some(sh) = shared.upgrade() else { return };
+                apply_results(&mut lock(&sh.table), batch, started, results);
+            }
+            () = &mut timer, if armed.is_some() => {
+                armed = None;
+            }
+        }
     }
 }
 
-/// Starts or stops renewing a lease.
-fn apply(cmd: Cmd, entries: &mut HashMap<u64, Entry>, queue: &mut BTreeSet<(Instant, u64)>) {
-    match cmd {
-        Cmd::Add(lease) => {
-            let next_renew = lease.acquired_at + lease.lease / 3;
-            let id = lease.id;
-            queue.insert((next_renew, id));
-            entries.insert(
-                id,
-                Entry {
-                    lease,
-                    next_renew,
-                    queued: next_renew,
-                    in_flight: false,
-                    capped: false,
-                    retry_at: None,
-                },
-            );
+/// The leases to renew now (id, lease to ask for): those whose renewal is
+/// due within the coalescing window; a deadline counts only once it has
+/// passed (the lease is then lost). Entries waiting for their deadline
+/// stay queued untouched, so this is finite and the next look is always
+/// in the future.
+fn take_due(t: &mut Table, now: Instant, window: Duration) -> Vec<(u64, Duration)> {
+    let mut due = Vec::new();
+    if t.queue.first().is_none_or(|&(at, _)| at > now + window) {
+        return due;
+    }
+    let candidates: Vec<(Instant, u64)> = t
+        .queue
+        .range(..=(now + window, u64::MAX))
+        .copied()
+        .collect();
+    for (at, id) in candidates {
+        let Some(e) = t.entries.get_mut(&id) else {
+            t.queue.remove(&(at, id));
+            continue;
+        };
+        if !e.lease.is_active() || now >= e.lease.valid_until() {
+            if e.lease.is_active() {
+                e.lease.mark_lost(LossReason::Expired);
+            }
+            t.queue.remove(&(at, id));
+            t.entries.remove(&id);
+            continue;
         }
-        Cmd::Remove(id) => {
-            if let Some(e) = entries.remove(&id) {
-                queue.remove(&(e.queued, id));
+        if e.in_flight
+            || e.capped
+            || e.next_renew > now + window
+            || e.retry_at.is_some_and(|r| r > now)
+        {
+            // Waiting for a reply, or for the deadline (queued for it
+            // because it comes before the next renewal: a renewal
+            // shortened by the hold cap). Renewing again now would
+            // extend nothing, over and over.
+            continue;
+        }
+        let lease = e.lease.renewal_at(now);
+        e.queued = e.lease.valid_until();
+        let queued = e.queued;
+        let capped = lease < e.lease.drift * 2;
+        if capped {
+            // The hold cap is reached: stop renewing and let the lease
+            // run out; it is reported lost at its deadline.
+            e.capped = true;
+        } else {
+            e.in_flight = true;
+        }
+        t.queue.remove(&(at, id));
+        t.queue.insert((queued, id));
+        if !capped {
+            due.push((id, lease));
+        }
+    }
+    due
+}
+
+/// The renewals of `due` in batches of `batch_size`, each with its leases
+/// (answer i is about lease i).
+/// A batch's leases (id, lease asked for) and their renewals.
+type Batch = (Vec<(u64, Duration)>, Vec<Renewal>);
+
+fn build_batches(t: &Table, due: &[(u64, Duration)], batch_size: usize) -> Vec<Batch> {
+    due.chunks(batch_size.max(1))
+        .map(|chunk| {
+            let mut batch = Vec::with_capacity(chunk.len());
+            let mut renewals = Vec::with_capacity(chunk.len());
+            for &(id, lease) in chunk {
+                let Some(e) = t.entries.get(&id) else {
+                    continue;
+                };
+                batch.push((id, lease));
+                renewals.push(Renewal {
+                    key: e.lease.key.clone(),
+                    owner: e.lease.owner.clone(),
+                    lease,
+                });
+            }
+            (batch, renewals)
+        })
+        .collect()
+}
+
+/// Applies a batch's answers, each to its own lease only: one lease's
+/// error or refusal never touches another of the batch.
+fn apply_results(
+    t: &mut Table,
+    batch: Vec<(u64, Duration)>,
+    started: Instant,
+    results: Vec<Result<bool, crate::Error>>,
+) {
+    let now = Instant::now();
+    let mut failed = 0usize;
+    let mut first_error = None;
+    let mut results = results.into_iter();
+    for (id, applied) in batch {
+        let outcome = results.next().unwrap_or_else(|| {
+            Err(crate::Error::Unavailable {
+                op: crate::Operation::Extend,
+                key: None,
+                source: "the store answered fewer renewals than it was sent".into(),
+            })
+        });
+        let Some(e) = t.entries.get_mut(&id) else {
+            continue;
+        };
+        e.in_flight = false;
+        match outcome {
+            Ok(true) => {
+                crate::observe::renewed(now.saturating_duration_since(e.next_renew));
+                e.lease.renewed(started, applied);
+                e.next_renew = started + e.lease.lease / 3;
+                e.retry_at = None;
+            }
+            Ok(false) => {
+                e.lease.mark_lost(LossReason::NotOwner);
+                let queued = e.queued;
+                t.queue.remove(&(queued, id));
+                t.entries.remove(&id);
+                continue;
+            }
+            Err(err) => {
+                crate::observe::renewal_failed(&err);
+                // Try again soon; the deadline decides if it is lost.
+                e.next_renew = now + (e.lease.lease / 12).min(Duration::from_secs(1));
+                e.retry_at = Some(e.next_renew);
+                failed += 1;
+                first_error.get_or_insert(err);
             }
         }
+        let at = e.next_renew.min(e.lease.valid_until());
+        let old = std::mem::replace(&mut e.queued, at);
+        t.queue.remove(&(old, id));
+        t.queue.insert((at, id));
+    }
+    if let Some(err) = first_error {
+        tracing::warn!(error = %err, failed, "lease renewal failed; retrying");
     }
 }
 
@@ -263,16 +424,14 @@ mod tests {
     const LEASE: Duration = Duration::from_secs(30);
     const MS: Duration = Duration::from_millis(1);
 
-    struct Running {
-        tx: mpsc::UnboundedSender<Cmd>,
-        renewing: Arc<AtomicUsize>,
-    }
-
-    fn start<S: LockStore>(store: &Arc<S>) -> Running {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let renewing = Arc::new(AtomicUsize::new(0));
-        tokio::spawn(run(store.clone(), rx, 512, LEASE / 12, renewing.clone()));
-        Running { tx, renewing }
+    fn start<S: LockStore>(store: &Arc<S>) -> Watchdog {
+        Watchdog::start(
+            store.clone(),
+            &tokio::runtime::Handle::current(),
+            512,
+            LEASE / 12,
+            LEASE,
+        )
     }
 
     #[tokio::test(start_paused = true)]
@@ -281,11 +440,11 @@ mod tests {
         let l = grant(&store, &key("third"), LEASE, None).await;
         let t0 = l.acquired_at;
         let w = start(&store);
-        w.tx.send(Cmd::Add(l.clone())).unwrap();
+        assert!(w.add(l.clone()).is_ok());
 
         tokio::time::sleep_until(t0 + LEASE / 3 - MS).await;
         assert_eq!(l.valid_until(), t0 + LEASE - drift(LEASE), "renewed early");
-        assert_eq!(w.renewing.load(Ordering::Relaxed), 1);
+        assert_eq!(w.renewing(), 1);
         tokio::time::sleep_until(t0 + LEASE / 3 + MS).await;
         assert_eq!(l.valid_until(), t0 + LEASE / 3 + LEASE - drift(LEASE));
         tokio::time::sleep_until(t0 + LEASE * 2 / 3 - MS).await;
@@ -304,29 +463,29 @@ mod tests {
         let l = grant(&store, &key("removed"), LEASE, None).await;
         let t0 = l.acquired_at;
         let w = start(&store);
-        w.tx.send(Cmd::Add(l.clone())).unwrap();
+        assert!(w.add(l.clone()).is_ok());
         tokio::time::sleep_until(t0 + MS).await;
-        w.tx.send(Cmd::Remove(l.id)).unwrap();
+        w.remove(l.id);
         tokio::time::sleep_until(t0 + LEASE / 2).await;
         assert_eq!(l.valid_until(), t0 + LEASE - drift(LEASE));
-        assert_eq!(w.renewing.load(Ordering::Relaxed), 0);
+        assert_eq!(w.renewing(), 0);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn commands_sent_before_the_watchdog_runs_are_all_applied() {
-        // Several grants and a release queued while the watchdog task has
-        // not run yet: one wake-up takes them all, in order.
+    async fn grants_and_releases_made_before_the_watchdog_runs_all_count() {
+        // Several grants and a release made while the watchdog task has
+        // not run yet: its first look finds them all.
         let store = Arc::new(MemoryStore::new());
         let a = grant(&store, &key("queued-a"), LEASE, None).await;
         let b = grant(&store, &key("queued-b"), LEASE, None).await;
         let gone = grant(&store, &key("queued-gone"), LEASE, None).await;
         let w = start(&store);
         for l in [&a, &b, &gone] {
-            w.tx.send(Cmd::Add(l.clone())).unwrap();
+            assert!(w.add(l.clone()).is_ok());
         }
-        w.tx.send(Cmd::Remove(gone.id)).unwrap();
+        w.remove(gone.id);
         tokio::time::sleep_until(a.acquired_at + LEASE / 3 - MS).await;
-        assert_eq!(w.renewing.load(Ordering::Relaxed), 2);
+        assert_eq!(w.renewing(), 2);
         tokio::time::sleep_until(b.acquired_at + LEASE / 2).await;
         for l in [&a, &b] {
             assert!(l.valid_until() > l.acquired_at + LEASE, "not renewed");
@@ -335,12 +494,53 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_grant_due_before_the_watchdog_meant_to_look_wakes_it() {
+        // The watchdog plans to look at the first lease's renewal (10 s);
+        // a grant capped at 2 s needs attention long before: it is lost at
+        // its own deadline, not when the watchdog would have looked anyway.
+        let store = Arc::new(MemoryStore::new());
+        let first = grant(&store, &key("first"), LEASE, None).await;
+        let w = start(&store);
+        assert!(w.add(first.clone()).is_ok());
+        tokio::time::sleep(MS).await;
+        let capped = grant(&store, &key("capped"), LEASE, Some(Duration::from_secs(2))).await;
+        assert!(w.add(capped.clone()).is_ok());
+        let deadline = capped.valid_until();
+        assert!(deadline < first.acquired_at + LEASE / 3);
+        tokio::time::sleep_until(deadline - MS).await;
+        assert!(capped.is_active());
+        tokio::time::sleep_until(deadline + MS).await;
+        assert!(capped.lost.is_cancelled(), "not told at its deadline");
+        assert_eq!(w.renewing(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_last_handle_gone_ends_the_task() {
+        let store = Arc::new(MemoryStore::new());
+        let w = start(&store);
+        let l = grant(&store, &key("ends"), LEASE, None).await;
+        assert!(w.add(l.clone()).is_ok());
+        tokio::task::yield_now().await;
+        // The task holds the store while it runs.
+        assert_eq!(Arc::strong_count(&store), 2);
+        drop(w);
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            Arc::strong_count(&store),
+            1,
+            "the task outlived its handles"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_renewal_that_finds_another_owner_flips_the_lease_to_lost() {
         let store = Arc::new(MemoryStore::new());
         let l = grant(&store, &key("stolen"), LEASE, None).await;
         let t0 = l.acquired_at;
         let w = start(&store);
-        w.tx.send(Cmd::Add(l.clone())).unwrap();
+        assert!(w.add(l.clone()).is_ok());
         // Gone behind the watchdog's back.
         assert!(store.release(&l.key, &l.owner).await.unwrap());
         tokio::time::sleep_until(t0 + LEASE / 3 - MS).await;
@@ -348,7 +548,7 @@ mod tests {
         tokio::time::sleep_until(t0 + LEASE / 3 + MS).await;
         assert!(!l.is_active());
         assert!(l.lost.is_cancelled());
-        assert_eq!(w.renewing.load(Ordering::Relaxed), 0);
+        assert_eq!(w.renewing(), 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -364,7 +564,7 @@ mod tests {
         .await;
         let t0 = l.acquired_at;
         let w = start(&counting);
-        w.tx.send(Cmd::Add(l.clone())).unwrap();
+        assert!(w.add(l.clone()).is_ok());
         tokio::time::sleep_until(t0 + LEASE / 3 - MS).await;
         // Stepped by hand: a watchdog that kept re-sending this renewal
         // would keep the runtime busy, and paused time would never move.
@@ -381,7 +581,7 @@ mod tests {
         tokio::time::sleep_until(until + MS).await;
         assert!(!l.is_active() && l.lost.is_cancelled());
         assert_eq!(l.valid_until(), until);
-        assert_eq!(w.renewing.load(Ordering::Relaxed), 0);
+        assert_eq!(w.renewing(), 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -394,7 +594,7 @@ mod tests {
         let l = grant(store, &key("tiny"), LEASE, Some(cap)).await;
         let t0 = l.acquired_at;
         let w = start(&counting);
-        w.tx.send(Cmd::Add(l.clone())).unwrap();
+        assert!(w.add(l.clone()).is_ok());
         let until = t0 + cap - drift(LEASE);
         tokio::time::sleep_until(t0 + LEASE * 3 - MS).await;
         assert_eq!(l.valid_until(), until, "the 80 s renewal asked for 10.5 s");
@@ -407,7 +607,7 @@ mod tests {
         assert_eq!(counting.extends(), 8, "renewals at 10, 20, …, 80 s only");
         tokio::time::sleep_until(until + MS).await;
         assert!(l.lost.is_cancelled());
-        assert_eq!(w.renewing.load(Ordering::Relaxed), 0);
+        assert_eq!(w.renewing(), 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -415,7 +615,7 @@ mod tests {
         let store = Arc::new(Counting::default());
         let l = grant(&store.inner, &key("failing"), LEASE, None).await;
         let w = start(&store);
-        w.tx.send(Cmd::Add(l.clone())).unwrap();
+        assert!(w.add(l.clone()).is_ok());
         store
             .fail_extends
             .store(true, std::sync::atomic::Ordering::SeqCst);
