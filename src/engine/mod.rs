@@ -8,7 +8,7 @@
 //! |---|---|
 //! | `lease.rs` | one grant's validity deadline and state (held, lost, released) |
 //! | `queue.rs` | this process's waiters per key: local FIFO, wake on release |
-//! | `watchdog.rs` | one renewal task per locker: renew at lease/3, in batches |
+//! | `watchdog.rs` | one renewal task per locker: renew at lease/3, in batches; grants and releases write its table without waking it |
 //! | `pending.rs` | drop guards for unanswered store calls; ending a lock in the background |
 //! | `hold.rs` | one hold of a grant; hold counting (the last one ends the lock) |
 //! | `reentry.rs` | the holds the current task runs under |

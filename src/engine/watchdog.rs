@@ -1,7 +1,10 @@
 //! One renewal scheduler per [`Locker`](crate::Locker).
 //!
-//! Every lease the locker grants is registered here. A single task keeps a
-//! timer queue ordered by the next moment each lease needs attention: its
+//! Every lease the locker grants is registered here: the grant writes it
+//! into a table shared with the scheduler's task, the release takes it out,
+//! and neither wakes the task (a lease released before its first renewal,
+//! the usual short lock, never costs the task anything). The task keeps the
+//! table's timer queue ordered by the next moment each lease needs attention: its
 //! renewal time (lease/3 after the last successful renewal started) or, while
 //! a renewal is in flight, its validity deadline. When it wakes, it gathers
 //! every lease due within a small coalescing window and renews them with
