@@ -241,7 +241,6 @@ impl<S: LockStore> Locker<S> {
             self.inner.opts.batch,
             // Renewals due within lease/12 of each other share a batch.
             self.inner.opts.lease / 12,
-            self.inner.opts.lease,
         );
         *slot = Some(w.clone());
         w

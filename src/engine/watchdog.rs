@@ -49,6 +49,10 @@ struct Shared {
     wake: Arc<Notify>,
     /// The task is gone (its runtime shut down): nothing here is renewed.
     ended: AtomicBool,
+    /// How many times the task looked at the table (tests: grants and
+    /// releases must not wake it).
+    #[cfg(test)]
+    looks: std::sync::atomic::AtomicUsize,
 }
 
 impl Drop for Shared {
@@ -65,8 +69,6 @@ struct Table {
     /// When the task looks at the table next without being woken (`None`:
     /// only when woken). A grant due before it wakes the task.
     next_look: Option<Instant>,
-    /// A lease was added since the task last looked.
-    added: bool,
 }
 
 struct Entry {
@@ -98,7 +100,6 @@ impl Watchdog {
         runtime: &tokio::runtime::Handle,
         batch_size: usize,
         window: Duration,
-        lease: Duration,
     ) -> Watchdog {
         let w = Watchdog::detached();
         let task = run(
@@ -109,7 +110,6 @@ impl Watchdog {
             w.shared.wake.clone(),
             batch_size,
             window,
-            lease,
         );
         drop(runtime.spawn(task));
         w
@@ -123,10 +123,11 @@ impl Watchdog {
                     entries: HashMap::new(),
                     queue: BTreeSet::new(),
                     next_look: None,
-                    added: false,
                 }),
                 wake: Arc::new(Notify::new()),
                 ended: AtomicBool::new(false),
+                #[cfg(test)]
+                looks: Default::default(),
             }),
         }
     }
@@ -160,7 +161,6 @@ impl Watchdog {
                     retry_at: None,
                 },
             );
-            t.added = true;
             t.next_look.is_none_or(|look| at < look)
         };
         if wake {
@@ -211,7 +211,6 @@ async fn run<S: LockStore>(
     wake: Arc<Notify>,
     batch_size: usize,
     window: Duration,
-    lease: Duration,
 ) {
     let shared = &ended.0;
     let mut in_flight: JoinSet<BatchResult> = JoinSet::new();
@@ -226,17 +225,15 @@ async fn run<S: LockStore>(
         // look next. (The handle is upgraded only here, never across an
         // await: the last locker or guard going away must drop it.)
         let Some(sh) = shared.upgrade() else { return };
+        #[cfg(test)]
+        sh.looks.fetch_add(1, Ordering::Relaxed);
         let (batches, next) = {
             let mut t = lock(&sh.table);
             let now = Instant::now();
             let due = take_due(&mut t, now, window);
-            let mut next = t.queue.first().map(|&(at, _)| at);
-            if next.is_none() && std::mem::take(&mut t.added) {
-                // Nothing held, but grants are coming and going: look again
-                // in a while, so that the next ones need not wake us (a
-                // lease granted from now on needs attention no earlier).
-                next = Some(now + (lease / 3).saturating_sub(window));
-            }
+            // With nothing queued, the next grant wakes us, and the ones
+            // after it need not: we then plan to look at its renewal.
+            let next = t.queue.first().map(|&(at, _)| at);
             t.next_look = next;
             (build_batches(&t, &due, batch_size), next)
         };
@@ -433,7 +430,6 @@ mod tests {
             &tokio::runtime::Handle::current(),
             512,
             LEASE / 12,
-            LEASE,
         )
     }
 
@@ -515,6 +511,45 @@ mod tests {
         tokio::time::sleep_until(deadline + MS).await;
         assert!(capped.lost.is_cancelled(), "not told at its deadline");
         assert_eq!(w.renewing(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn grants_and_releases_in_a_stream_do_not_wake_the_watchdog() {
+        let store = Arc::new(MemoryStore::new());
+        let w = start(&store);
+        let looks = || w.shared.looks.load(Ordering::Relaxed);
+        let settle = async || {
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        };
+        // Short locks, one after the other, 1 ms apart.
+        let stream = async |from: usize, n: usize| {
+            for i in from..from + n {
+                let l = grant(&store, &key(&format!("stream-{i}")), LEASE, None).await;
+                assert!(w.add(l.clone()).is_ok());
+                settle().await;
+                w.remove(l.id);
+                tokio::time::sleep(MS).await;
+            }
+        };
+        settle().await;
+        let idle = looks();
+        // The first grant wakes it (nothing was planned); the others do not.
+        stream(0, 100).await;
+        assert_eq!(looks() - idle, 1, "woken by grants or releases");
+        // Its one planned look: the first lease's renewal time. It finds
+        // nothing held: the next grant wakes it, and no other does.
+        tokio::time::sleep_until(Instant::now() + LEASE / 3).await;
+        settle().await;
+        let before = looks();
+        stream(100, 1_000).await;
+        assert!(
+            looks() - before <= 1,
+            "{} looks for 1,000 short locks",
+            looks() - before
+        );
+        assert_eq!(w.renewing(), 0);
     }
 
     #[tokio::test(start_paused = true)]
