@@ -44,6 +44,15 @@ fn occupy(store: &RedlockStore, servers: &[RedisServer], node: usize, k: &LockKe
     servers[node].cmd(&["SET", &lock, "someone-else", "PX", "60000"]);
 }
 
+/// Puts the fencing counter of `k`'s bucket far ahead on `nodes` (as if
+/// the last counted token had been minted there).
+fn fence_ahead(store: &RedlockStore, servers: &[RedisServer], nodes: &[usize], k: &LockKey) {
+    for &node in nodes {
+        let fence = store.nodes()[node].fence_key(k);
+        servers[node].cmd(&["SET", &fence, &AHEAD.to_string()]);
+    }
+}
+
 fn vacate(store: &RedlockStore, servers: &[RedisServer], node: usize, k: &LockKey) {
     servers[node].cmd(&["DEL", &store.nodes()[node].lock_key(k)]);
 }
@@ -58,10 +67,7 @@ async fn tokens_increase_across_grants_whose_majorities_differ() {
     let servers = start_independent(3);
     let store = stores::redlock_over(&servers, Duration::from_millis(500));
     let k = key("majorities");
-    for node in [0, 1] {
-        let fence = store.nodes()[node].fence_key(&k);
-        servers[node].cmd(&["SET", &fence, &AHEAD.to_string()]);
-    }
+    fence_ahead(&store, &servers, &[0, 1], &k);
     let mut tokens = Vec::new();
     for excluded in [Some(2), Some(1), Some(0), None] {
         if let Some(n) = excluded {
@@ -138,10 +144,7 @@ async fn a_grant_by_every_node_is_above_the_majority_that_counted_last() {
     let servers = start_independent(5);
     let store = stores::redlock_over(&servers, Duration::from_secs(3600));
     let k = key("all-five-above");
-    for node in [0, 1, 2] {
-        let fence = store.nodes()[node].fence_key(&k);
-        servers[node].cmd(&["SET", &fence, &AHEAD.to_string()]);
-    }
+    fence_ahead(&store, &servers, &[0, 1, 2], &k);
     let owner = OwnerToken::generate();
     let token = grant_by_all_five(&store, &servers, &k, &owner, None).await;
     assert!(token.get() > AHEAD, "{token:?} is not above {AHEAD}");
@@ -189,8 +192,7 @@ async fn a_grant_by_every_node_counts_without_a_write_back_and_stays_below_the_n
     let servers = start_independent(5);
     let store = stores::redlock_over(&servers, Duration::from_secs(3600));
     let k = key("all-five-durable");
-    let fence = store.nodes()[0].fence_key(&k);
-    servers[0].cmd(&["SET", &fence, &AHEAD.to_string()]);
+    fence_ahead(&store, &servers, &[0], &k);
     let owner = OwnerToken::generate();
     let first = grant_by_all_five(&store, &servers, &k, &owner, Some(0)).await;
     let scripts: u64 = servers.iter().map(|s| s.command_calls("evalsha")).sum();
@@ -226,8 +228,7 @@ async fn a_write_back_short_of_a_quorum_is_no_grant() {
     let store = stores::redlock_over(&servers, Duration::from_millis(1500));
     let k = key("write-back");
     let owner = OwnerToken::generate();
-    let fence = store.nodes()[2].fence_key(&k);
-    servers[2].cmd(&["SET", &fence, &AHEAD.to_string()]);
+    fence_ahead(&store, &servers, &[2], &k);
     for s in &servers[2..] {
         s.freeze();
     }
@@ -284,10 +285,7 @@ async fn a_write_back_counts_each_node_once() {
     let warm = (key("count-once-warm-up"), OwnerToken::generate());
     granted(store.acquire(&warm.0, &warm.1, LEASE).await);
     assert!(store.release(&warm.0, &warm.1).await.unwrap());
-    for node in [0, 1] {
-        let fence = store.nodes()[node].fence_key(&k);
-        servers[node].cmd(&["SET", &fence, &AHEAD.to_string()]);
-    }
+    fence_ahead(&store, &servers, &[0, 1], &k);
     // Node 2: only the grant and release scripts, and no way to load more.
     servers[2].cmd(&["SCRIPT", "FLUSH"]);
     for src in [

@@ -115,7 +115,8 @@ impl Watchdog {
         w
     }
 
-    /// A table with no task (tests of what registers and unregisters).
+    /// A table with no task yet ([`start`](Self::start) spawns it; tests
+    /// of what registers and unregisters use the table alone).
     pub(crate) fn detached() -> Watchdog {
         Watchdog {
             shared: Arc::new(Shared {

@@ -156,16 +156,17 @@ impl RedisStore {
             // Without fencing, a free lock is one plain SET; the script
             // runs only when that found the key taken.
             let lock = self.name(key, LOCK);
-            // Sized up front: "SET", "NX", "PX" and at most 20 digits of
-            // lease besides the name and the owner.
-            let mut set_nx = Cmd::with_capacity(6, lock.byte_len() + owner.as_str().len() + 27);
+            // Sized up front, as the scripts' commands are.
+            let px = ms(lease);
+            let bytes = "SETNXPX".len() + lock.byte_len() + owner.as_str().len() + digits(px);
+            let mut set_nx = Cmd::with_capacity(6, bytes);
             set_nx
                 .arg("SET")
                 .arg(lock)
                 .arg(owner.as_str())
                 .arg("NX")
                 .arg("PX")
-                .arg(ms(lease));
+                .arg(px);
             let set: Option<String> = self
                 .with_conn(Operation::Acquire, Some(key), |mut c| async move {
                     set_nx.query_async(&mut c).await
