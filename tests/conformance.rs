@@ -355,6 +355,28 @@ macro_rules! conformance {
                 ));
             }
 
+            /// `LockGuard::finish` is public and takes any retention: the
+            /// largest one keeps the record (for as long as the store can
+            /// say), never a panic or an overflow error.
+            #[tokio::test]
+            async fn a_retention_of_duration_max_keeps_the_record() {
+                let (store, _keep) = $fixture;
+                let locker = locker(store, 10_000, 0);
+                let store = locker.store();
+                let k = key("finish-max");
+                let g = locker.acquire(&k).await.unwrap();
+                let rec = bytes::Bytes::from_static(b"kept");
+                assert!(g.finish(rec.clone(), Duration::MAX).await.unwrap());
+                assert_eq!(store.read_record(&k).await.unwrap(), Some(rec.clone()));
+                assert_eq!(
+                    store
+                        .acquire_or_replay(&k, &OwnerToken::generate(), Duration::from_secs(1))
+                        .await
+                        .unwrap(),
+                    AcquireOutcome::Completed(rec)
+                );
+            }
+
             #[tokio::test]
             async fn a_holder_that_lost_its_lock_cannot_store_a_record() {
                 let (store, _keep) = $fixture;

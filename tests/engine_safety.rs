@@ -496,6 +496,44 @@ fn a_locker_outlives_its_first_runtime_on_redis() {
     });
 }
 
+/// A locker used from two runtimes: its watchdog runs on the first, a lock
+/// is granted on the second. When the first shuts down, the second's task
+/// takes the renewals on, with no further grant to start it; once no
+/// runtime of the locker's grants runs any more, every lease still held is
+/// reported lost at once, never left unrenewed without a word.
+#[test]
+fn a_lease_held_when_the_watchdogs_runtime_shuts_down_is_handed_on_or_reported_lost() {
+    let lease = Duration::from_secs(1);
+    let locker = Locker::builder(MemoryStore::new())
+        .lease(lease)
+        .build()
+        .unwrap();
+    let first = runtime(false);
+    let a = first.block_on(locker.acquire(&key("hand-on-a"))).unwrap();
+    let second = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let b = second.block_on(locker.acquire(&key("hand-on-b"))).unwrap();
+    drop(first);
+    second.block_on(async { tokio::time::sleep(lease * 5 / 2).await });
+    // Valid for 0.988 s after a renewal: held now only if renewed since.
+    assert!(
+        b.is_held(),
+        "not renewed once the watchdog's runtime shut down"
+    );
+    assert!(
+        a.is_held(),
+        "a guard that outlived its runtime is held until dropped"
+    );
+    assert_eq!(locker.renewing(), 2);
+    drop(second);
+    assert!(b.is_lost() && a.is_lost(), "left unrenewed without a word");
+    assert!(!b.is_held());
+    assert_eq!(locker.renewing(), 0);
+}
+
 #[test]
 fn an_acquire_dropped_outside_any_runtime_is_released_on_its_own_runtime() {
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -164,8 +164,37 @@ async fn no_renewal_is_sent_once_the_cap_leaves_less_than_two_drifts() {
         .expect("the lease outlived its cap");
     // Renewals at 10, 20, …, 80 s; at 90 s only 0.5 s of the cap is left.
     assert_eq!(store.batches.load(Ordering::SeqCst), 8);
-    // The 80 s renewal asked for the 10.5 s left, valid for 10.5 s − drift.
-    assert_eq!(start.elapsed(), Duration::from_millis(90_198));
+    // The 80 s renewal asked for the 10.5 s left, valid for 10.5 s less
+    // that TTL's own margin (105 + 2 ms).
+    assert_eq!(start.elapsed(), Duration::from_millis(90_393));
+}
+
+/// A hold cap shorter than the lease's drift margin (250 ms against the
+/// 30 s lease's 302 ms): the store holds the lock for the whole 250 ms, so
+/// the guard is held from the start and valid for 250 ms less that TTL's
+/// own margin (2.5 + 2 ms), then reported lost.
+#[tokio::test(start_paused = true)]
+async fn a_hold_cap_below_the_leases_margin_is_held_for_the_cap_less_its_own_margin() {
+    let store = Stalling::default();
+    let locker = Locker::builder(store.clone())
+        .max_hold(Duration::from_millis(250))
+        .build()
+        .unwrap();
+    let g = locker.acquire(&key("short-cap")).await.unwrap();
+    let start = Instant::now();
+    assert!(g.is_held(), "not held from the start");
+    assert_eq!(g.valid_for(), Duration::from_micros(245_500));
+    g.lost().await;
+    // At its deadline (Tokio's timers round up to the next millisecond).
+    let at = start.elapsed();
+    assert!(
+        (Duration::from_micros(245_500)..=Duration::from_millis(246)).contains(&at),
+        "lost after {at:?}"
+    );
+    // The store let it go at the cap, not before.
+    assert!(store.inner.is_locked(&key("short-cap")));
+    tokio::time::sleep_until(start + Duration::from_millis(250)).await;
+    assert!(!store.inner.is_locked(&key("short-cap")));
 }
 
 #[tokio::test(start_paused = true)]

@@ -21,6 +21,9 @@ const RELEASED: u8 = 2;
 pub(crate) enum LossReason {
     NotOwner,
     Expired,
+    /// The watchdog's runtime shut down and no runtime the lock's grants
+    /// were made on still runs: nothing can renew it.
+    Stopped,
 }
 
 impl LossReason {
@@ -29,6 +32,7 @@ impl LossReason {
         match self {
             LossReason::NotOwner => "not_owner",
             LossReason::Expired => "expired",
+            LossReason::Stopped => "stopped",
         }
     }
 }
@@ -40,6 +44,8 @@ pub(crate) struct Lease {
     pub(crate) owner: OwnerToken,
     pub(crate) token: Result<FencingToken, Unfenced>,
     pub(crate) lease: Duration,
+    /// The full lease's margin ([`drift`](crate::time::drift) of `lease`): a
+    /// renewal the hold cap shortens below twice this is not sent.
     pub(crate) drift: Duration,
     pub(crate) acquired_at: Instant,
     pub(crate) hold_deadline: Option<Instant>,
@@ -92,9 +98,13 @@ impl Lease {
     }
 
     /// Records a successful renewal sent at `started` for `lease`: the lease
-    /// is valid until `started + lease - drift` (never moves backwards).
+    /// is valid until `started + lease - drift(lease)` (never moves
+    /// backwards). The margin is that of the TTL the store set, not of the
+    /// locker's lease: a grant or renewal shortened by the hold cap (250 ms
+    /// of a 30 s lease) is valid for 250 ms less its own margin, where the
+    /// 30 s lease's margin (302 ms) would leave nothing.
     pub(crate) fn renewed(&self, started: Instant, lease: Duration) {
-        let until = (started + lease.saturating_sub(self.drift))
+        let until = (started + lease.saturating_sub(crate::time::drift(lease)))
             .saturating_duration_since(self.acquired_at)
             .as_nanos() as u64;
         self.valid_until_ns.fetch_max(until, Ordering::AcqRel);
@@ -221,7 +231,7 @@ mod tests {
     async fn a_hold_cap_shorter_than_the_lease_bounds_the_first_validity() {
         let cap = Duration::from_secs(12);
         let l = grant(&MemoryStore::new(), &key("short-cap"), LEASE, Some(cap)).await;
-        assert_eq!(l.valid_until(), l.acquired_at + cap - drift(LEASE));
+        assert_eq!(l.valid_until(), l.acquired_at + cap - drift(cap));
         let long = grant(
             &MemoryStore::new(),
             &key("long-cap"),

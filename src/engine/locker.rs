@@ -1,7 +1,7 @@
 //! The lock engine: acquiring with a wait, and handing out guards.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -70,9 +70,8 @@ pub(crate) struct Inner<S> {
     /// generic): cloning it per grant is a reference count, not a box.
     pub(crate) erased: BoxStore,
     pub(crate) opts: Options,
-    /// The renewal task's inbox; replaced when that task is gone (its
-    /// runtime shut down).
-    watchdog: RwLock<Option<Watchdog>>,
+    /// The renewal scheduler (made on the first grant).
+    watchdog: OnceLock<Watchdog>,
     pub(crate) next_id: AtomicU64,
     pub(crate) queues: Queues,
 }
@@ -100,7 +99,7 @@ impl<S: LockStore> Locker<S> {
                 erased: BoxStore::from_arc(store.clone()),
                 store,
                 opts,
-                watchdog: RwLock::new(None),
+                watchdog: OnceLock::new(),
                 next_id: AtomicU64::new(0),
                 queues: Queues::default(),
             }),
@@ -124,12 +123,7 @@ impl<S: LockStore> Locker<S> {
     /// stable API.
     #[doc(hidden)]
     pub fn renewing(&self) -> usize {
-        let slot = self
-            .inner
-            .watchdog
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
-        slot.as_ref().map_or(0, Watchdog::renewing)
+        self.inner.watchdog.get().map_or(0, Watchdog::renewing)
     }
 
     /// The configured wait timeout.
@@ -218,31 +212,20 @@ impl<S: LockStore> Locker<S> {
         self.inner.queues.has_waiters(key)
     }
 
-    /// The watchdog. Its task is spawned on `runtime` (the caller's) the
-    /// first time, and again whenever the task it ran on is gone — its
-    /// runtime shut down (a locker shared across `#[tokio::test]`s, built in
-    /// a setup runtime, or outliving a restarted worker).
-    pub(crate) fn watchdog(&self, runtime: &tokio::runtime::Handle) -> Watchdog {
-        let slot = &self.inner.watchdog;
-        if let Some(w) = slot.read().unwrap_or_else(|p| p.into_inner()).as_ref()
-            && !w.is_ended()
-        {
-            return w.clone();
-        }
-        let mut slot = slot.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(w) = slot.as_ref()
-            && !w.is_ended()
-        {
-            return w.clone();
-        }
-        let w = Watchdog::start(
-            self.inner.store.clone(),
-            runtime,
-            self.inner.opts.batch,
-            // Renewals due within lease/12 of each other share a batch.
-            self.inner.opts.lease / 12,
-        );
-        *slot = Some(w.clone());
-        w
+    /// The watchdog: one table of leases for the locker's life. Its task is
+    /// spawned on the runtime of the first grant, and whenever the runtime it
+    /// ran on shuts down (a locker shared across `#[tokio::test]`s, built in
+    /// a setup runtime, or outliving a restarted worker), the table is
+    /// handed on to a task on a runtime that still runs (see
+    /// `Watchdog::add`).
+    pub(crate) fn watchdog(&self) -> &Watchdog {
+        self.inner.watchdog.get_or_init(|| {
+            Watchdog::new(
+                self.inner.store.clone(),
+                self.inner.opts.batch,
+                // Renewals due within lease/12 of each other share a batch.
+                self.inner.opts.lease / 12,
+            )
+        })
     }
 }

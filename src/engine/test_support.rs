@@ -51,6 +51,13 @@ pub(crate) struct Counting {
     /// While set, every renewal fails at once (a store that is down and
     /// refuses connections).
     pub(crate) fail_extends: std::sync::atomic::AtomicBool,
+    /// While set, every renewal panics (a store with a bug).
+    pub(crate) panic_extends: std::sync::atomic::AtomicBool,
+    /// While true, renewals hang, and answer once it is false again (a
+    /// frozen server that thaws).
+    pub(crate) stall_extends: tokio::sync::watch::Sender<bool>,
+    /// Renewals sent per key.
+    pub(crate) extends_of: std::sync::Mutex<std::collections::HashMap<LockKey, usize>>,
 }
 
 impl Counting {
@@ -60,6 +67,49 @@ impl Counting {
 
     pub(crate) fn extends(&self) -> usize {
         self.extends.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub(crate) fn extends_of(&self, key: &LockKey) -> usize {
+        let counts = self.extends_of.lock().unwrap();
+        counts.get(key).copied().unwrap_or(0)
+    }
+
+    pub(crate) fn stall(&self, on: bool) {
+        self.stall_extends.send_replace(on);
+    }
+}
+
+impl Counting {
+    fn count_extend(&self, key: &LockKey) {
+        self.extends
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        *self
+            .extends_of
+            .lock()
+            .unwrap()
+            .entry(key.clone())
+            .or_default() += 1;
+    }
+
+    /// A renewal, once counted: panics, stalls or fails as told.
+    async fn extend_counted(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, crate::Error> {
+        if self.panic_extends.load(std::sync::atomic::Ordering::SeqCst) {
+            panic!("test: the store panics while renewing");
+        }
+        let _ = self.stall_extends.subscribe().wait_for(|s| !s).await;
+        if self.fail_extends.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(crate::Error::Unavailable {
+                op: crate::Operation::Extend,
+                key: Some(key.clone()),
+                source: "test: the store refuses at once".into(),
+            });
+        }
+        self.inner.extend(key, owner, lease).await
     }
 }
 
@@ -81,16 +131,21 @@ impl LockStore for Counting {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<bool, crate::Error> {
-        self.extends
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        if self.fail_extends.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(crate::Error::Unavailable {
-                op: crate::Operation::Extend,
-                key: Some(key.clone()),
-                source: "test: the store refuses at once".into(),
-            });
+        self.count_extend(key);
+        self.extend_counted(key, owner, lease).await
+    }
+
+    /// Every renewal of the batch counts as sent at once, as over Redis
+    /// (one pipelined write), before any of them stalls.
+    async fn extend_many(&self, renewals: &[crate::Renewal]) -> Vec<Result<bool, crate::Error>> {
+        for r in renewals {
+            self.count_extend(&r.key);
         }
-        self.inner.extend(key, owner, lease).await
+        let mut out = Vec::with_capacity(renewals.len());
+        for r in renewals {
+            out.push(self.extend_counted(&r.key, &r.owner, r.lease).await);
+        }
+        out
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, crate::Error> {

@@ -268,16 +268,8 @@ impl<S: LockStore> Locker<S> {
         ));
         // (Looked up only now: an attempt that finds the lock held
         // needs no watchdog.)
-        let watchdog = self.watchdog(&runtime);
-        let watchdog = match watchdog.add(lease.clone()) {
-            Ok(()) => watchdog,
-            Err(lease) => {
-                // Its runtime shut down meanwhile: start another.
-                let fresh = self.watchdog(&runtime);
-                let _ = fresh.add(lease);
-                fresh
-            }
-        };
+        let watchdog = self.watchdog().clone();
+        watchdog.add(lease.clone(), &runtime);
         tracing::debug!(
             key = %key,
             fencing_token = token.ok().map(crate::FencingToken::get),

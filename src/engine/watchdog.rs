@@ -18,10 +18,13 @@
 //! the lease is flipped to lost at that instant.
 
 use std::collections::{BTreeSet, HashMap};
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
+use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -47,13 +50,22 @@ struct Shared {
     /// Wakes the task: a lease due before it meant to look, or the last
     /// handle gone (see `Drop`).
     wake: Arc<Notify>,
-    /// The task is gone (its runtime shut down): nothing here is renewed.
+    /// No task runs: never started, or its runtime shut down. The table
+    /// stays; the next task (on a runtime that holds one of its leases, or
+    /// the next grant's) takes it on.
     ended: AtomicBool,
+    /// Spawns a task for this table on a runtime (`None`: a table alone,
+    /// for tests of what registers and unregisters).
+    spawn: Option<Spawn>,
+    /// One (re)start at a time.
+    starting: Mutex<()>,
     /// How many times the task looked at the table (tests: grants and
     /// releases must not wake it).
     #[cfg(test)]
     looks: std::sync::atomic::AtomicUsize,
 }
+
+type Spawn = Box<dyn Fn(&Handle) + Send + Sync>;
 
 impl Drop for Shared {
     fn drop(&mut self) {
@@ -82,6 +94,26 @@ struct Entry {
     /// the coalescing window (which would resend it at once, in a loop
     /// against a store that fails fast).
     retry_at: Option<Instant>,
+    /// The runtime the grant was made on: where the table is handed on to
+    /// if the task's own runtime shuts down.
+    runtime: Handle,
+}
+
+impl Entry {
+    /// When the lease next needs the task: its deadline while a renewal is
+    /// in flight or the hold cap is reached; otherwise its renewal time (not
+    /// before a retry's pause), or its deadline if that comes first. For a
+    /// lease still valid now, always after now.
+    fn attention(&self) -> Instant {
+        let deadline = self.lease.valid_until();
+        if self.in_flight || self.capped {
+            return deadline;
+        }
+        let renew = self
+            .retry_at
+            .map_or(self.next_renew, |r| r.max(self.next_renew));
+        renew.min(deadline)
+    }
 }
 
 /// A batch's leases (id, lease asked for), when it was sent, and one answer
@@ -93,43 +125,57 @@ type BatchResult = (
 );
 
 impl Watchdog {
-    /// Starts the scheduler's task on `runtime`. Renewals due within
-    /// `window` of each other share a batch of at most `batch_size`.
+    /// A scheduler whose task is spawned on first use (see
+    /// [`add`](Self::add)). Renewals due within `window` of each other share
+    /// a batch of at most `batch_size`.
+    pub(crate) fn new<S: LockStore>(store: Arc<S>, batch_size: usize, window: Duration) -> Self {
+        Watchdog {
+            shared: Arc::new_cyclic(|weak: &Weak<Shared>| {
+                let weak = weak.clone();
+                let spawn: Spawn = Box::new(move |runtime: &Handle| {
+                    // Made here, not in the task: a task dropped before it
+                    // ever ran (its runtime gone first) must say so too.
+                    let ended = EndedOnDrop(weak.clone());
+                    let Some(wake) = weak.upgrade().map(|s| s.wake.clone()) else {
+                        return;
+                    };
+                    let task = run(store.clone(), ended, wake, batch_size, window);
+                    drop(runtime.spawn(task));
+                });
+                Shared::new(Some(spawn))
+            }),
+        }
+    }
+
+    /// Starts the scheduler's task on `runtime` at once (unit tests).
+    #[cfg(test)]
     pub(crate) fn start<S: LockStore>(
         store: Arc<S>,
-        runtime: &tokio::runtime::Handle,
+        runtime: &Handle,
         batch_size: usize,
         window: Duration,
     ) -> Watchdog {
-        let w = Watchdog::detached();
-        let task = run(
-            store,
-            // Made here, not in the task: a task dropped before it ever ran
-            // (its runtime gone first) must say so too.
-            EndedOnDrop(Arc::downgrade(&w.shared)),
-            w.shared.wake.clone(),
-            batch_size,
-            window,
-        );
-        drop(runtime.spawn(task));
+        let w = Watchdog::new(store, batch_size, window);
+        w.ensure_running(runtime);
         w
     }
 
-    /// A table with no task yet ([`start`](Self::start) spawns it; tests
-    /// of what registers and unregisters use the table alone).
+    /// A table with no task (tests of what registers and unregisters).
+    #[cfg(test)]
     pub(crate) fn detached() -> Watchdog {
         Watchdog {
-            shared: Arc::new(Shared {
-                table: Mutex::new(Table {
-                    entries: HashMap::new(),
-                    queue: BTreeSet::new(),
-                    next_look: None,
-                }),
-                wake: Arc::new(Notify::new()),
-                ended: AtomicBool::new(false),
-                #[cfg(test)]
-                looks: Default::default(),
-            }),
+            shared: Arc::new(Shared::new(None)),
+        }
+    }
+
+    /// Makes sure a task renews this table: spawns one on `runtime` if none
+    /// runs (the first use, or the runtime it ran on shut down).
+    pub(crate) fn ensure_running(&self, runtime: &Handle) {
+        if self.is_ended() {
+            let _one = lock(&self.shared.starting);
+            if self.is_ended() {
+                spawn_on(&self.shared, runtime);
+            }
         }
     }
 
@@ -137,12 +183,10 @@ impl Watchdog {
         lock(&self.shared.table)
     }
 
-    /// Starts renewing a freshly granted lease; gives it back if the task
-    /// is gone (its runtime shut down).
-    pub(crate) fn add(&self, lease: Arc<Lease>) -> Result<(), Arc<Lease>> {
-        if self.is_ended() {
-            return Err(lease);
-        }
+    /// Starts renewing a freshly granted lease, made on `runtime`. If no
+    /// task runs (the first grant, or the task's runtime shut down), one is
+    /// spawned there; it takes on the whole table.
+    pub(crate) fn add(&self, lease: Arc<Lease>, runtime: &Handle) {
         let next_renew = lease.acquired_at + lease.lease / 3;
         // Its deadline, if that comes first (a hold cap shorter than a
         // third of the lease): lost then, not at the renewal time.
@@ -160,6 +204,7 @@ impl Watchdog {
                     in_flight: false,
                     capped: false,
                     retry_at: None,
+                    runtime: runtime.clone(),
                 },
             );
             t.next_look.is_none_or(|look| at < look)
@@ -167,7 +212,7 @@ impl Watchdog {
         if wake {
             self.shared.wake.notify_one();
         }
-        Ok(())
+        self.ensure_running(runtime);
     }
 
     /// Stops renewing (released). Called before the release command.
@@ -184,24 +229,93 @@ impl Watchdog {
         self.table().entries.len()
     }
 
-    /// The task is gone: a new scheduler is needed.
+    /// No task runs (never started, or its runtime shut down).
     pub(crate) fn is_ended(&self) -> bool {
         self.shared.ended.load(Ordering::Acquire)
     }
 }
 
-fn lock(table: &Mutex<Table>) -> MutexGuard<'_, Table> {
-    table.lock().unwrap_or_else(|p| p.into_inner())
+impl Shared {
+    fn new(spawn: Option<Spawn>) -> Shared {
+        Shared {
+            table: Mutex::new(Table {
+                entries: HashMap::new(),
+                queue: BTreeSet::new(),
+                next_look: None,
+            }),
+            wake: Arc::new(Notify::new()),
+            ended: AtomicBool::new(true),
+            spawn,
+            starting: Mutex::new(()),
+            #[cfg(test)]
+            looks: Default::default(),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+thread_local! {
+    /// Set while this thread spawns a task: a runtime that has shut down
+    /// drops the task inside `spawn`, and that drop must only say so (the
+    /// caller tries elsewhere), not hand the table on itself.
+    static SPAWNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Spawns the task on `runtime` (the caller holds `starting`); whether it
+/// took: a runtime that has shut down drops it at once.
+fn spawn_on(shared: &Shared, runtime: &Handle) -> bool {
+    let Some(spawn) = &shared.spawn else {
+        return false;
+    };
+    shared.ended.store(false, Ordering::Release);
+    let outer = SPAWNING.replace(true);
+    spawn(runtime);
+    SPAWNING.set(outer);
+    !shared.ended.load(Ordering::Acquire)
+}
+
+/// The task is gone with its runtime: hands the table on to a runtime that
+/// one of its grants was made on and that still runs, or, if none does,
+/// reports every lease lost at once (nothing would renew it, and a lease
+/// that silently stops being renewed is what must never happen).
+fn hand_on(shared: &Shared) {
+    let _one = lock(&shared.starting);
+    if !shared.ended.load(Ordering::Acquire) {
+        return;
+    }
+    let runtimes: Vec<Handle> = lock(&shared.table)
+        .entries
+        .values()
+        .map(|e| e.runtime.clone())
+        .collect();
+    if runtimes.iter().any(|rt| spawn_on(shared, rt)) {
+        return;
+    }
+    let orphans: Vec<Arc<Lease>> = {
+        let mut t = lock(&shared.table);
+        t.queue.clear();
+        t.next_look = None;
+        t.entries.drain().map(|(_, e)| e.lease).collect()
+    };
+    for lease in orphans {
+        lease.mark_lost(LossReason::Stopped);
+    }
 }
 
 /// Marks the scheduler ended when its task is dropped (a runtime shutting
-/// down drops its tasks).
+/// down drops its tasks), and hands the table on.
 struct EndedOnDrop(Weak<Shared>);
 
 impl Drop for EndedOnDrop {
     fn drop(&mut self) {
         if let Some(shared) = self.0.upgrade() {
             shared.ended.store(true, Ordering::Release);
+            if !SPAWNING.get() {
+                hand_on(&shared);
+            }
         }
     }
 }
@@ -220,6 +334,26 @@ async fn run<S: LockStore>(
     let timer = tokio::time::sleep_until(Instant::now());
     tokio::pin!(timer);
     let mut armed: Option<Instant> = None;
+    // A task taking the table on from one whose runtime shut down: what
+    // that one had in flight will never be answered.
+    if let Some(sh) = shared.upgrade() {
+        let mut t = lock(&sh.table);
+        let stale: Vec<u64> = t
+            .entries
+            .iter()
+            .filter(|(_, e)| e.in_flight)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in stale {
+            if let Some(e) = t.entries.get_mut(&id) {
+                e.in_flight = false;
+                let (old, at) = (e.queued, e.attention());
+                e.queued = at;
+                t.queue.remove(&(old, id));
+                t.queue.insert((at, id));
+            }
+        }
+    }
 
     loop {
         // Whatever woke us, handle everything that is due, and say when we
@@ -243,7 +377,13 @@ async fn run<S: LockStore>(
             let store = store.clone();
             in_flight.spawn(async move {
                 let started = Instant::now();
-                let results = store.extend_many(&renewals).await;
+                // A store that panics answers every renewal of the batch
+                // with an error: retried after a pause like any failure,
+                // never left in flight (and never renewed again) for good.
+                let results = AssertUnwindSafe(store.extend_many(&renewals))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|_| panicked(renewals.len()));
                 tracing::trace!(
                     count = renewals.len(),
                     failed = results.iter().filter(|r| r.is_err()).count(),
@@ -271,6 +411,19 @@ async fn run<S: LockStore>(
             }
         }
     }
+}
+
+/// The answers to a batch whose `extend_many` panicked: an error each.
+fn panicked(n: usize) -> Vec<Result<bool, crate::Error>> {
+    (0..n)
+        .map(|_| {
+            Err(crate::Error::Unavailable {
+                op: crate::Operation::Extend,
+                key: None,
+                source: "the store panicked while renewing".into(),
+            })
+        })
+        .collect()
 }
 
 /// The leases to renew now (id, lease to ask for): those whose renewal is
@@ -309,7 +462,17 @@ fn take_due(t: &mut Table, now: Instant, window: Duration) -> Vec<(u64, Duration
             // Waiting for a reply, or for the deadline (queued for it
             // because it comes before the next renewal: a renewal
             // shortened by the hold cap). Renewing again now would
-            // extend nothing, over and over.
+            // extend nothing, over and over. Queued again for when it
+            // next needs us, which is after `now`: left at an instant that
+            // has passed (a deadline that `LockGuard::extend` moved while
+            // a renewal was stalled), it would be the next look, at once,
+            // in a loop.
+            let next = e.attention();
+            if next != at {
+                e.queued = next;
+                t.queue.remove(&(at, id));
+                t.queue.insert((next, id));
+            }
             continue;
         }
         let lease = e.lease.renewal_at(now);
@@ -405,7 +568,7 @@ fn apply_results(
                 first_error.get_or_insert(err);
             }
         }
-        let at = e.next_renew.min(e.lease.valid_until());
+        let at = e.attention();
         let old = std::mem::replace(&mut e.queued, at);
         t.queue.remove(&(old, id));
         t.queue.insert((at, id));
@@ -414,6 +577,9 @@ fn apply_results(
         tracing::warn!(error = %err, failed, "lease renewal failed; retrying");
     }
 }
+
+#[cfg(test)]
+mod model;
 
 #[cfg(test)]
 mod tests {
@@ -440,7 +606,7 @@ mod tests {
         let l = grant(&store, &key("third"), LEASE, None).await;
         let t0 = l.acquired_at;
         let w = start(&store);
-        assert!(w.add(l.clone()).is_ok());
+        w.add(l.clone(), &Handle::current());
 
         tokio::time::sleep_until(t0 + LEASE / 3 - MS).await;
         assert_eq!(l.valid_until(), t0 + LEASE - drift(LEASE), "renewed early");
@@ -463,7 +629,7 @@ mod tests {
         let l = grant(&store, &key("removed"), LEASE, None).await;
         let t0 = l.acquired_at;
         let w = start(&store);
-        assert!(w.add(l.clone()).is_ok());
+        w.add(l.clone(), &Handle::current());
         tokio::time::sleep_until(t0 + MS).await;
         w.remove(l.id);
         tokio::time::sleep_until(t0 + LEASE / 2).await;
@@ -481,7 +647,7 @@ mod tests {
         let gone = grant(&store, &key("queued-gone"), LEASE, None).await;
         let w = start(&store);
         for l in [&a, &b, &gone] {
-            assert!(w.add(l.clone()).is_ok());
+            w.add(l.clone(), &Handle::current());
         }
         w.remove(gone.id);
         tokio::time::sleep_until(a.acquired_at + LEASE / 3 - MS).await;
@@ -501,10 +667,10 @@ mod tests {
         let store = Arc::new(MemoryStore::new());
         let first = grant(&store, &key("first"), LEASE, None).await;
         let w = start(&store);
-        assert!(w.add(first.clone()).is_ok());
+        w.add(first.clone(), &Handle::current());
         tokio::time::sleep(MS).await;
         let capped = grant(&store, &key("capped"), LEASE, Some(Duration::from_secs(2))).await;
-        assert!(w.add(capped.clone()).is_ok());
+        w.add(capped.clone(), &Handle::current());
         let deadline = capped.valid_until();
         assert!(deadline < first.acquired_at + LEASE / 3);
         tokio::time::sleep_until(deadline - MS).await;
@@ -528,7 +694,7 @@ mod tests {
         let stream = async |from: usize, n: usize| {
             for i in from..from + n {
                 let l = grant(&store, &key(&format!("stream-{i}")), LEASE, None).await;
-                assert!(w.add(l.clone()).is_ok());
+                w.add(l.clone(), &Handle::current());
                 settle().await;
                 w.remove(l.id);
                 tokio::time::sleep(MS).await;
@@ -558,10 +724,11 @@ mod tests {
         let store = Arc::new(MemoryStore::new());
         let w = start(&store);
         let l = grant(&store, &key("ends"), LEASE, None).await;
-        assert!(w.add(l.clone()).is_ok());
+        w.add(l.clone(), &Handle::current());
         tokio::task::yield_now().await;
-        // The task holds the store while it runs.
-        assert_eq!(Arc::strong_count(&store), 2);
+        // The task holds the store while it runs, and so does the table
+        // (to start a task again if its runtime shuts down).
+        assert_eq!(Arc::strong_count(&store), 3);
         drop(w);
         for _ in 0..10 {
             tokio::task::yield_now().await;
@@ -579,7 +746,7 @@ mod tests {
         let l = grant(&store, &key("stolen"), LEASE, None).await;
         let t0 = l.acquired_at;
         let w = start(&store);
-        assert!(w.add(l.clone()).is_ok());
+        w.add(l.clone(), &Handle::current());
         // Gone behind the watchdog's back.
         assert!(store.release(&l.key, &l.owner).await.unwrap());
         tokio::time::sleep_until(t0 + LEASE / 3 - MS).await;
@@ -603,7 +770,7 @@ mod tests {
         .await;
         let t0 = l.acquired_at;
         let w = start(&counting);
-        assert!(w.add(l.clone()).is_ok());
+        w.add(l.clone(), &Handle::current());
         tokio::time::sleep_until(t0 + LEASE / 3 - MS).await;
         // Stepped by hand: a watchdog that kept re-sending this renewal
         // would keep the runtime busy, and paused time would never move.
@@ -612,7 +779,10 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(counting.extends(), 1, "the short renewal was sent again");
-        let until = t0 + LEASE / 3 + Duration::from_secs(2) - drift(LEASE);
+        // Sent at 10 s + 1 ms (the step above) for what the cap leaves, and
+        // valid for that less its own margin (not the 30 s lease's).
+        let asked = Duration::from_secs(2) - MS;
+        let until = t0 + LEASE / 3 + MS + asked - drift(asked);
         assert_eq!(l.valid_until(), until);
         // Lost at that deadline, not renewed past it.
         tokio::time::sleep_until(until - MS).await;
@@ -633,8 +803,9 @@ mod tests {
         let l = grant(store, &key("tiny"), LEASE, Some(cap)).await;
         let t0 = l.acquired_at;
         let w = start(&counting);
-        assert!(w.add(l.clone()).is_ok());
-        let until = t0 + cap - drift(LEASE);
+        w.add(l.clone(), &Handle::current());
+        let last = cap - LEASE * 8 / 3;
+        let until = t0 + cap - drift(last);
         tokio::time::sleep_until(t0 + LEASE * 3 - MS).await;
         assert_eq!(l.valid_until(), until, "the 80 s renewal asked for 10.5 s");
         assert!(l.is_active());
@@ -649,12 +820,81 @@ mod tests {
         assert_eq!(w.renewing(), 0);
     }
 
+    /// Lets the runtime run without moving paused time: a task that loops
+    /// without sleeping loops once per yield here.
+    async fn settle() {
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_moved_while_a_renewal_stalls_is_not_looked_at_in_a_loop() {
+        // Lease 900 ms; the watchdog's renewal at 300 ms stalls; the
+        // handler keeps the lease valid itself (as `LockGuard::extend`
+        // does). The first deadline then passes with the lease valid and a
+        // renewal in flight: the task must sleep until the new deadline,
+        // not look again at once, forever.
+        let store = Arc::new(Counting::default());
+        let lease = Duration::from_millis(900);
+        let l = grant(&store.inner, &key("stall-extend"), lease, None).await;
+        let t0 = l.acquired_at;
+        let w = Watchdog::start(store.clone(), &Handle::current(), 512, lease / 12);
+        w.add(l.clone(), &Handle::current());
+        store.stall(true);
+        tokio::time::advance(lease / 3 + MS).await;
+        settle().await;
+        assert_eq!(store.extends(), 1, "the renewal at 300 ms was not sent");
+        tokio::time::advance(Duration::from_millis(200)).await;
+        let sent = Instant::now();
+        assert!(store.inner.extend(&l.key, &l.owner, lease).await.unwrap());
+        l.renewed(sent, lease);
+        let first_deadline = t0 + lease - drift(lease);
+        assert!(l.valid_until() > first_deadline + Duration::from_millis(400));
+        tokio::time::sleep_until(first_deadline - MS).await;
+        settle().await;
+        let before = w.shared.looks.load(Ordering::Relaxed);
+        // Past the first deadline, in 10 ms steps, up to 100 ms before the
+        // new one: at most one look for the old deadline.
+        let mut looks = 0;
+        while Instant::now() < l.valid_until() - Duration::from_millis(100) && looks <= 2 {
+            tokio::time::advance(Duration::from_millis(10)).await;
+            settle().await;
+            looks = w.shared.looks.load(Ordering::Relaxed) - before;
+        }
+        assert!(looks <= 2, "{looks} looks while nothing was due");
+        assert!(l.is_active());
+        // At the new deadline, with the renewal still stalled: lost.
+        tokio::time::sleep_until(l.valid_until() + MS).await;
+        assert!(l.lost.is_cancelled());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_that_panics_while_renewing_is_retried_like_one_that_fails() {
+        let store = Arc::new(Counting::default());
+        let l = grant(&store.inner, &key("panics"), LEASE, None).await;
+        let t0 = l.acquired_at;
+        let w = start(&store);
+        w.add(l.clone(), &Handle::current());
+        store.panic_extends.store(true, Ordering::SeqCst);
+        tokio::time::sleep_until(t0 + LEASE / 3 + MS).await;
+        settle().await;
+        assert_eq!(store.extends(), 1);
+        store.panic_extends.store(false, Ordering::SeqCst);
+        // Retried after the pause (1 s), not left in flight for good.
+        tokio::time::sleep_until(t0 + LEASE / 3 + Duration::from_millis(1_100)).await;
+        settle().await;
+        assert_eq!(store.extends(), 2, "the panicked renewal was never retried");
+        assert!(l.valid_until() > t0 + LEASE);
+        assert_eq!(w.renewing(), 1);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_store_that_fails_at_once_is_retried_after_a_pause_not_in_a_loop() {
         let store = Arc::new(Counting::default());
         let l = grant(&store.inner, &key("failing"), LEASE, None).await;
         let w = start(&store);
-        assert!(w.add(l.clone()).is_ok());
+        w.add(l.clone(), &Handle::current());
         store
             .fail_extends
             .store(true, std::sync::atomic::Ordering::SeqCst);

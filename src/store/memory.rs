@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{AcquireOutcome, LockStore, ReleaseWatch};
+use crate::time::far_add;
 use crate::{Error, FencingToken, LockKey, Operation, OwnerToken};
 
 /// Locks kept in this process's memory.
@@ -172,7 +173,7 @@ impl MemoryStore {
         let taker = Held {
             owner: OwnerToken::generate(),
             token,
-            expires: now + lease,
+            expires: far_add(now, lease),
         };
         st.locks.insert(key.clone(), taker);
         token
@@ -279,7 +280,7 @@ impl State {
         self.sweep_now_and_then(now);
         if let Some(h) = self.live(key, now) {
             if h.owner == *owner {
-                h.expires = now + lease;
+                h.expires = far_add(now, lease);
                 return AcquireOutcome::Granted(h.token);
             }
             return AcquireOutcome::Held {
@@ -292,7 +293,7 @@ impl State {
             Held {
                 owner: owner.clone(),
                 token,
-                expires: now + lease,
+                expires: far_add(now, lease),
             },
         );
         AcquireOutcome::Granted(token)
@@ -350,7 +351,8 @@ impl LockStore for MemoryStore {
         let mut st = self.lock_for(Operation::Release, key)?;
         let ours = matches!(st.live(key, now), Some(h) if h.owner == *owner);
         if ours {
-            st.records.insert(key.clone(), (record, now + retention));
+            st.records
+                .insert(key.clone(), (record, far_add(now, retention)));
             st.release(key, owner, now);
         }
         Ok(ours)
@@ -371,7 +373,7 @@ impl LockStore for MemoryStore {
         let mut st = self.lock_for(Operation::Extend, key)?;
         match st.live(key, now) {
             Some(h) if h.owner == *owner => {
-                h.expires = now + lease;
+                h.expires = far_add(now, lease);
                 Ok(true)
             }
             _ => Ok(false),
