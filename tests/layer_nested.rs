@@ -1,5 +1,7 @@
 //! Nested lock layers on the same key re-enter instead of deadlocking.
 
+mod support;
+
 use std::time::Duration;
 
 use axum::Router;
@@ -204,4 +206,149 @@ async fn an_inner_layer_reached_on_another_task_still_re_enters() {
     let body = axum::body::to_bytes(res.into_body(), 1024).await.unwrap();
     assert_eq!(header.as_bytes(), &body[..], "one token for both layers");
     assert_eq!(store.held_count(), 0);
+}
+
+/// An idempotent layer around a second lock layer (on another key) that
+/// answers contention with 423, or through a rejection hook with a status
+/// the store policy would keep: the refusal is sent, never stored, so the
+/// next delivery runs the handler instead of getting the refusal replayed
+/// for the whole retention.
+#[tokio::test]
+async fn an_inner_layers_refusal_is_never_stored_by_an_outer_idempotent_layer() {
+    use http::HeaderName;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use tower_redis_lock::{Idempotency, LockKey, Problem};
+
+    let hooked = |p: &Problem| (StatusCode::ACCEPTED, format!("later: {}", p.detail()));
+    for (name, hook) in [("423", None), ("hook", Some(hooked))] {
+        let store = MemoryStore::new();
+        let runs = Arc::new(AtomicU32::new(0));
+        let seen = runs.clone();
+        let mut inner = LockLayer::builder(
+            Locker::new(store.clone()),
+            KeyFrom::header(HeaderName::from_static("x-account")),
+        )
+        .namespace("account")
+        .contention_status(StatusCode::LOCKED);
+        if let Some(hook) = hook {
+            inner = inner.on_rejection(hook);
+        }
+        let outer = LockLayer::builder(
+            Locker::new(store.clone()),
+            KeyFrom::header(HeaderName::from_static("x-event-id")),
+        )
+        .namespace("events")
+        .idempotent(Idempotency::new())
+        .build()
+        .unwrap();
+        let app = Router::new()
+            .route(
+                "/events",
+                post(move || async move {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    "applied"
+                }),
+            )
+            .layer(inner.build().unwrap())
+            .layer(outer);
+        let delivery = || {
+            Request::post("/events")
+                .header("x-event-id", "evt-1")
+                .header("x-account", "acct-1")
+                .body(Body::empty())
+                .unwrap()
+        };
+        // Someone else works on the account: the inner layer refuses.
+        let busy = Locker::new(store.clone())
+            .acquire(&LockKey::new("account", "acct-1").unwrap())
+            .await
+            .unwrap();
+        let refused = app.clone().oneshot(delivery()).await.unwrap();
+        let expected = if hook.is_some() {
+            StatusCode::ACCEPTED
+        } else {
+            StatusCode::LOCKED
+        };
+        assert_eq!(refused.status(), expected, "{name}");
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            store.held_count(),
+            1,
+            "{name}: only the account's lock is left"
+        );
+        busy.release().await.unwrap();
+        // The redelivery runs the handler: the refusal was not its outcome.
+        let ran = app.clone().oneshot(delivery()).await.unwrap();
+        assert_eq!(
+            ran.status(),
+            StatusCode::OK,
+            "{name}: the refusal was replayed"
+        );
+        assert!(ran.headers().get("idempotent-replayed").is_none());
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        // And that outcome is stored: the next one is a replay.
+        let replay = app.oneshot(delivery()).await.unwrap();
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+}
+
+/// A handler under an idempotent layer that releases its lock itself: its
+/// response goes out as it is, nothing is stored, and the next delivery
+/// runs the handler again (the documented opt-out, not a silent loss).
+#[tokio::test]
+async fn a_handler_that_releases_its_lock_opts_out_of_the_record() {
+    use http::HeaderName;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use tower_redis_lock::{Idempotency, LockKey, LockStore};
+
+    let store = MemoryStore::new();
+    let runs = Arc::new(AtomicU32::new(0));
+    let seen = runs.clone();
+    let layer = LockLayer::builder(
+        Locker::new(store.clone()),
+        KeyFrom::header(HeaderName::from_static("x-event-id")),
+    )
+    .namespace("events")
+    .idempotent(Idempotency::new())
+    .build()
+    .unwrap();
+    let app = Router::new()
+        .route(
+            "/events",
+            post(move |guard: LockGuard| async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                assert!(guard.release().await.unwrap());
+                "handed off"
+            }),
+        )
+        .layer(layer);
+    let delivery = || {
+        Request::post("/events")
+            .header("x-event-id", "evt-2")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let (logs, _guard) = support::logs::Logs::capture_at(tracing::Level::DEBUG);
+    let first = app.clone().oneshot(delivery()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert!(first.headers().contains_key("fencing-token"));
+    // Said as what it is, not as a lost lock.
+    assert_eq!(
+        logs.lines_with("the handler released the lock itself")
+            .len(),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert!(logs.lines_with("WARN").is_empty(), "{}", logs.text());
+    let key = LockKey::new("events", "evt-2").unwrap();
+    assert_eq!(store.read_record(&key).await.unwrap(), None);
+    assert_eq!(store.held_count(), 0);
+    let second = app.oneshot(delivery()).await.unwrap();
+    assert_eq!(second.status(), StatusCode::OK);
+    assert!(second.headers().get("idempotent-replayed").is_none());
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
 }

@@ -330,6 +330,13 @@ impl LockGuard {
         res
     }
 
+    /// Whether this hold was given back (released, finished or dropped
+    /// through one of its clones). (Only the HTTP layer asks.)
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    pub(crate) fn is_given_back(&self) -> bool {
+        self.shared.is_ended()
+    }
+
     /// Gives this hold back now, whatever other clones of it exist; the
     /// release, if it was the last hold, runs in the background. (Only the
     /// HTTP layer calls it.)

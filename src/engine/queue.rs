@@ -45,6 +45,7 @@ impl Queues {
                     released: Notify::new(),
                     watch: Mutex::new(None),
                     holder: Mutex::default(),
+                    seen_until: Mutex::default(),
                 })
             })
             .clone();
@@ -69,6 +70,10 @@ pub(crate) struct KeyQueue {
     /// is valid, the lock is held here and its release will be local:
     /// waiters need not ask the store.
     holder: Mutex<Weak<Lease>>,
+    /// When the holder's lease ends, as a waiter of the queue last saw it
+    /// (the store's answer): for the `Retry-After` of a waiter that timed
+    /// out in the queue, without asking the store itself.
+    seen_until: Mutex<Option<Instant>>,
 }
 
 impl KeyQueue {
@@ -83,6 +88,23 @@ impl KeyQueue {
             lease
                 .valid_until()
                 .saturating_duration_since(Instant::now())
+        })
+    }
+
+    /// Records what a waiter of the queue was told: the lock is held for
+    /// `remaining` more.
+    pub(crate) fn saw_held(&self, remaining: Duration) {
+        let until = crate::time::far_add(Instant::now(), remaining);
+        *self.seen_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(until);
+    }
+
+    /// How long the lock stays held, as far as this queue knows: a holder
+    /// of this process, or what a waiter was last told by the store.
+    pub(crate) fn held_for(&self) -> Option<Duration> {
+        self.held_here().or_else(|| {
+            let until = (*self.seen_until.lock().unwrap_or_else(|p| p.into_inner()))?;
+            let left = until.saturating_duration_since(Instant::now());
+            (!left.is_zero()).then_some(left)
         })
     }
 

@@ -97,7 +97,13 @@ impl<S: LockStore> Locker<S> {
         // the task whose turn it is talks to the store, so one release wakes
         // one local task, not all of them.
         let queue = self.inner.queues.join(key);
+        if let Some(r) = remaining {
+            queue.saw_held(r);
+        }
         let Ok(Ok(_turn)) = tokio::time::timeout_at(deadline, queue.turn.acquire()).await else {
+            // Timed out behind this process's other waiters, without asking
+            // the store: what they last heard of the holder.
+            let remaining = remaining.or_else(|| queue.held_for());
             return Err(self.contended(key, wait, start, attempts, remaining));
         };
         // The subscription stays with the queue from one waiter to the next.
@@ -150,7 +156,12 @@ impl<S: LockStore> Locker<S> {
                     }
                     return Ok(done);
                 }
-                Step::Held(r) => remaining = r,
+                Step::Held(r) => {
+                    if let Some(r) = r {
+                        queue.saw_held(r);
+                    }
+                    remaining = r;
+                }
             }
             let now = Instant::now();
             if now >= deadline {

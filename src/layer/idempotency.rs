@@ -77,7 +77,14 @@ type StorePredicate = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
 /// By default 2xx and final 4xx answers are stored (not 408, 409, 425 and
 /// 429, which invite a retry), never 5xx: a failed attempt can be retried,
 /// and so can a request whose handler panicked or whose client went away,
-/// since those store nothing.
+/// since those store nothing. Refusals of a lock layer inside this one are
+/// never stored (see [`store_when`](Idempotency::store_when)).
+///
+/// A handler that releases the lock itself
+/// ([`LockGuard::release`](crate::LockGuard::release) on the guard it
+/// extracted) opts that request out of the record: its response is sent as
+/// it is, nothing is stored, and the next duplicate runs the handler again.
+/// (To keep an outcome, let the layer store it; to end early, answer.)
 #[derive(Clone)]
 pub struct Idempotency {
     pub(crate) retention: Duration,
@@ -157,6 +164,12 @@ impl Idempotency {
     }
 
     /// Which statuses are stored (default: 2xx and final 4xx).
+    ///
+    /// A refusal by a lock layer of this crate inside this one (contention,
+    /// the store unavailable, a bad key, a lost lock) is never stored,
+    /// whatever its status (`contention_status(LOCKED)`, a rejection hook's
+    /// choice) and whatever this predicate says: it is not the request's
+    /// outcome, and a duplicate must be able to run.
     pub fn store_when<F>(mut self, predicate: F) -> Self
     where
         F: Fn(StatusCode) -> bool + Send + Sync + 'static,

@@ -108,6 +108,15 @@ where
 #[derive(Clone)]
 struct Refused(Problem);
 
+/// Left by [`shape`] on every refusal it shapes, whatever its final status
+/// or body (the user's hook may pick any): an idempotent layer around this
+/// one never stores it as a request's final answer. A refusal (contention,
+/// the store unavailable, a bad key) says nothing about the request's
+/// outcome; stored, it would answer every later delivery for the whole
+/// retention, and the event would never run.
+#[derive(Clone, Copy)]
+struct Refusal;
+
 /// A refusal's default answer; [`shape`] gives it its final form.
 fn problem<B>(p: Problem) -> Response<ResponseBody<B>> {
     let mut res = p.response(ResponseBody::full(p.body(false)));
@@ -127,6 +136,18 @@ async fn shape<St, B>(
     let Some(Refused(p)) = res.extensions_mut().remove::<Refused>() else {
         return res;
     };
+    let mut res = shaped(c, p, res).await;
+    res.extensions_mut().insert(Refusal);
+    res
+}
+
+/// A refusal's final form: the user's rejection hook, or the default
+/// problem body (with the lock key if the layer exposes it).
+async fn shaped<St, B>(
+    c: &Config<St>,
+    p: Problem,
+    res: Response<ResponseBody<B>>,
+) -> Response<ResponseBody<B>> {
     if let Some(hook) = &c.on_rejection {
         let (parts, body) = hook(&p).into_parts();
         match axum::body::to_bytes(body, MAX_HOOK_BODY).await {
@@ -373,7 +394,16 @@ where
     // 4. Record the outcome (idempotency), then release before the response
     // leaves (so a client that got an answer finds the lock free), or when
     // the body ends.
-    if let Some(idem) = &c.idempotency
+    if c.idempotency.is_some() && guard.is_given_back() {
+        // The handler released (or finished) the lock itself: it chose not
+        // to leave this response as the key's outcome (see `Idempotency`).
+        tracing::debug!(
+            key = %key,
+            "the handler released the lock itself: its response is not stored, \
+             and a duplicate runs the handler again"
+        );
+    } else if let Some(idem) = &c.idempotency
+        && res.extensions().get::<Refusal>().is_none()
         && (idem.store_when)(res.status())
     {
         return Ok(finish(idem, guard, res, fingerprint).await);

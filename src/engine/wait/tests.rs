@@ -171,3 +171,33 @@ async fn a_cancelled_waiter_leaves_the_queue_and_the_next_one_is_woken() {
     settle().await;
     assert!(!l.has_waiters(&k));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_that_times_out_behind_local_waiters_answers_the_holders_remaining_time() {
+    // Held elsewhere, 10 s left of its lease; two waiters here: the second
+    // never reaches the store (it queues behind the first), and its
+    // Retry-After is still what the holder has left, not a whole lease.
+    let l = locker(Duration::from_secs(2));
+    let k = key("queued-retry-after");
+    let owner = OwnerToken::generate();
+    let AcquireOutcome::Granted(_) = l.store().acquire(&k, &owner, LEASE).await.unwrap() else {
+        panic!("not granted");
+    };
+    tokio::time::advance(Duration::from_secs(20)).await;
+    let first = {
+        let l = l.clone();
+        let k = k.clone();
+        tokio::spawn(async move { l.acquire(&k).await })
+    };
+    settle().await;
+    assert!(l.has_waiters(&k));
+    let err = l.acquire(&k).await.unwrap_err();
+    let Error::WaitTimeout { retry_after, .. } = err else {
+        panic!("{err:?}");
+    };
+    assert!(
+        retry_after <= Duration::from_secs(10) && retry_after >= Duration::from_secs(7),
+        "Retry-After {retry_after:?} for a holder with 8 s left"
+    );
+    assert!(first.await.unwrap().is_err());
+}
