@@ -128,7 +128,7 @@ pub(crate) fn release_span(lease: &Lease, op: &'static str) -> Span {
     tracing::info_span!(parent: &parent, "lock.release", key = %lease.key, op, owned = Empty)
 }
 
-/// A lease flipped to lost (`reason`: "not_owner" or "expired").
+/// A lease flipped to lost (`reason`: "not_owner", "expired" or "stopped").
 pub(crate) fn lost(lease: &Lease, reason: &'static str) {
     if let Some(span) = lease.span.get() {
         span.record("outcome", "lost");
