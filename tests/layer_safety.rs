@@ -1274,6 +1274,64 @@ async fn a_json_id_the_handler_cannot_read_is_refused_as_json_refuses_it() {
     }
 }
 
+/// A path parameter, query value or extractor input the handler's
+/// extractor refuses gets that extractor's status as a problem answer,
+/// even with `OnMissingKey::PassThrough`: no handler, and no store call.
+#[tokio::test]
+async fn a_head_value_the_handler_cannot_read_is_refused_before_any_store_call() {
+    let extract = || {
+        KeyFrom::extract(|axum::extract::Path((t, id)): axum::extract::Path<(String, u64)>| (t, id))
+    };
+    for (route, key, bad, good) in [
+        (
+            "/o/{id}",
+            KeyFrom::path_param::<u64>("id"),
+            "/o/seven",
+            "/o/007",
+        ),
+        (
+            "/o/{id}",
+            KeyFrom::path_param::<String>("id"),
+            "/o/%FF",
+            "/o/x",
+        ),
+        ("/o", KeyFrom::query::<u64>("id"), "/o?id=-1", "/o?id=%37"),
+        ("/o", KeyFrom::query::<u64>("id"), "/o?id=1&id=1", "/o?id=1"),
+        ("/{t}/o/{id}", extract(), "/acme/o/x", "/acme/o/7"),
+    ] {
+        let store = MemoryStore::new();
+        let runs = Runs::default();
+        let layer = LockLayer::builder(Locker::new(store.clone()), key)
+            .namespace("k")
+            .on_missing_key(OnMissingKey::PassThrough)
+            .build()
+            .unwrap();
+        let app = Router::new().route(
+            route,
+            post({
+                let runs = runs.clone();
+                move || async move {
+                    runs.enter();
+                    runs.leave();
+                    "ran"
+                }
+            })
+            .route_layer(layer),
+        );
+        // The next store call fails (and uses the failure up).
+        store.fail_next_calls(1);
+        call(&app, Request::post(bad).body(Body::empty()).unwrap())
+            .await
+            .problem(StatusCode::BAD_REQUEST);
+        assert_eq!(runs.runs(), 0, "{bad}: the handler ran");
+        // Still armed: the refusal made no store call.
+        call(&app, Request::post(good).body(Body::empty()).unwrap())
+            .await
+            .problem(StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(runs.runs(), 0, "{good}: the handler ran");
+    }
+}
+
 #[tokio::test]
 async fn json_ids_reach_a_routed_handler_as_keyed() {
     let store = MemoryStore::new();
