@@ -92,7 +92,7 @@ async fn small() -> &'static str {
 }
 
 fn locked<St: LockStore>(route: &str, namespace: &str, store: St) -> Router {
-    let layer = LockLayer::builder(Locker::new(store), KeyFrom::path_param("id"))
+    let layer = LockLayer::builder(Locker::new(store), KeyFrom::path_param::<String>("id"))
         .namespace(namespace)
         .build()
         .expect("layer settings");

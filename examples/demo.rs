@@ -77,7 +77,7 @@ pub const DEFAULT_TIMEOUTS: Timeouts = Timeouts {
 /// The demo's routes around `locker`: `POST /jobs/{id}` under the lock
 /// layer, `GET /healthz` outside it.
 pub fn app<St: LockStore>(locker: Locker<St>) -> Router {
-    let layer = LockLayer::builder(locker, KeyFrom::path_param("id"))
+    let layer = LockLayer::builder(locker, KeyFrom::path_param::<String>("id"))
         .namespace(NAMESPACE)
         .build()
         // The settings above are constants; a failure here is a bug in the

@@ -21,7 +21,7 @@ fn layer(store: &MemoryStore, wait: Duration) -> LockLayer<MemoryStore> {
         .wait_timeout(wait)
         .build()
         .unwrap();
-    LockLayer::builder(locker, KeyFrom::path_param("id"))
+    LockLayer::builder(locker, KeyFrom::path_param::<String>("id"))
         .namespace("orders")
         .build()
         .unwrap()
@@ -57,10 +57,13 @@ async fn an_inner_layer_on_the_same_key_runs_under_the_outer_lock() {
 #[tokio::test]
 async fn layers_on_different_namespaces_still_lock_separately() {
     let store = MemoryStore::new();
-    let other = LockLayer::builder(Locker::new(store.clone()), KeyFrom::path_param("id"))
-        .namespace("invoices")
-        .build()
-        .unwrap();
+    let other = LockLayer::builder(
+        Locker::new(store.clone()),
+        KeyFrom::path_param::<String>("id"),
+    )
+    .namespace("invoices")
+    .build()
+    .unwrap();
     let seen = std::sync::Arc::new(std::sync::Mutex::new(0usize));
     let seen2 = seen.clone();
     let app = Router::new()

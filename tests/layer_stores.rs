@@ -173,7 +173,7 @@ fn locked<St: LockStore>(layer: LockLayer<St>, handler: MethodRouter) -> Router 
 
 /// A layer keyed on the `{id}` path parameter in namespace `ns`.
 fn layer<St: LockStore>(locker: Locker<St>, ns: &str) -> LockLayer<St> {
-    LockLayer::builder(locker, KeyFrom::path_param("id"))
+    LockLayer::builder(locker, KeyFrom::path_param::<String>("id"))
         .namespace(ns)
         .build()
         .unwrap()
@@ -249,7 +249,7 @@ async fn contention_answers_409_or_423_with_retry_after_and_the_handler_does_not
             .wait_timeout(wait)
             .build()
             .unwrap();
-        let mut builder = LockLayer::builder(locker, KeyFrom::path_param("id"))
+        let mut builder = LockLayer::builder(locker, KeyFrom::path_param::<String>("id"))
             .namespace(ns)
             .expose_lock_key(true);
         if let Some(status) = status {
@@ -491,7 +491,7 @@ fn streaming_app<St: LockStore>(
     hold: bool,
 ) -> (Router, mpsc::UnboundedReceiver<mpsc::Sender<Bytes>>) {
     let (senders_tx, senders) = mpsc::unbounded_channel();
-    let layer = LockLayer::builder(Locker::new(store), KeyFrom::path_param("id"))
+    let layer = LockLayer::builder(Locker::new(store), KeyFrom::path_param::<String>("id"))
         .namespace(ns)
         .hold_until_body_end(hold)
         .build()
@@ -585,12 +585,15 @@ fn losing_locker<St: LockStore>(store: St) -> Locker<St> {
 }
 
 async fn a_lost_lock_aborts_the_handler_with_503_when_asked<St: LockStore + Clone>(store: St) {
-    let layer = LockLayer::builder(losing_locker(store.clone()), KeyFrom::path_param("id"))
-        .expose_lock_key(true)
-        .namespace("lost-abort")
-        .on_lock_lost(OnLockLost::Abort)
-        .build()
-        .unwrap();
+    let layer = LockLayer::builder(
+        losing_locker(store.clone()),
+        KeyFrom::path_param::<String>("id"),
+    )
+    .expose_lock_key(true)
+    .namespace("lost-abort")
+    .on_lock_lost(OnLockLost::Abort)
+    .build()
+    .unwrap();
     let (gate, mut gates) = Gate::new();
     // Never let go: only the loss can end it.
     let app = locked(layer, gated(gate, || "finished"));
@@ -650,7 +653,7 @@ fn idempotent_app<St: LockStore>(
             }
         }
     };
-    let layer = LockLayer::builder(locker, KeyFrom::path_param("id"))
+    let layer = LockLayer::builder(locker, KeyFrom::path_param::<String>("id"))
         .expose_lock_key(true)
         .namespace(ns)
         .idempotent(Idempotency::new())

@@ -249,7 +249,7 @@ async fn the_layer_counts_refusals_by_status_and_replays() {
     let m = Recorded::default();
     let _r = install(&m);
     let locker = Locker::new(MemoryStore::new());
-    let layer = LockLayer::builder(locker.clone(), KeyFrom::path_param("id"))
+    let layer = LockLayer::builder(locker.clone(), KeyFrom::path_param::<String>("id"))
         .namespace("orders")
         .idempotent(Idempotency::new())
         .build()

@@ -232,7 +232,7 @@ async fn under_the_layer_the_spans_are_the_requests_and_refusals_log_at_debug() 
     let (seen, _guard) = Capture::install();
     let store = MemoryStore::new();
     let locker = Locker::new(store.clone());
-    let layer = LockLayer::builder(locker.clone(), KeyFrom::path_param("id"))
+    let layer = LockLayer::builder(locker.clone(), KeyFrom::path_param::<String>("id"))
         .namespace("orders")
         .build()
         .unwrap();

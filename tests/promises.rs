@@ -51,7 +51,7 @@ fn counted_app(locker: Locker<RedisStore>) -> (Router, Arc<AtomicU32>) {
     let app = Router::new().route(
         "/jobs/{id}",
         post(handler).route_layer(
-            LockLayer::builder(locker, KeyFrom::path_param("id"))
+            LockLayer::builder(locker, KeyFrom::path_param::<String>("id"))
                 .namespace("jobs")
                 .build()
                 .unwrap(),

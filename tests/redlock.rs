@@ -128,7 +128,7 @@ async fn three_of_five_frozen_fails_closed() {
         )
         .layer(LockLayer::new(
             Locker::new(store),
-            KeyFrom::path_param("id"),
+            KeyFrom::path_param::<String>("id"),
         ));
     let res = app
         .oneshot(Request::post("/jobs/1").body(Body::empty()).unwrap())

@@ -267,7 +267,7 @@ async fn nested_work(locker: Locker<RedisStore>, guard: LockGuard) -> String {
 async fn a_handler_reenters_the_layers_lock_through_the_locker() {
     let server = RedisServer::start();
     let locker = Locker::new(RedisStore::from_url(&server.url()).unwrap());
-    let layer = LockLayer::builder(locker.clone(), KeyFrom::path_param("id"))
+    let layer = LockLayer::builder(locker.clone(), KeyFrom::path_param::<String>("id"))
         .namespace("orders")
         .build()
         .unwrap();

@@ -49,7 +49,7 @@ fn app(store: &MemoryStore, on_lost: OnLockLost) -> (Router, mpsc::UnboundedRece
         "done"
     }
     let locker = Locker::builder(store.clone()).lease(LEASE).build().unwrap();
-    let layer = LockLayer::builder(locker, KeyFrom::path_param("id"))
+    let layer = LockLayer::builder(locker, KeyFrom::path_param::<String>("id"))
         .namespace("orders")
         .on_lock_lost(on_lost)
         .build()

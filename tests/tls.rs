@@ -275,7 +275,7 @@ async fn the_layer_answers_503_when_the_servers_ca_is_not_trusted() {
     let locker = Locker::builder(server.store_trusting("other-ca.crt"))
         .build()
         .unwrap();
-    let layer = LockLayer::builder(locker, KeyFrom::path_param("id"))
+    let layer = LockLayer::builder(locker, KeyFrom::path_param::<String>("id"))
         .namespace("tls")
         .build()
         .unwrap();

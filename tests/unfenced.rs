@@ -134,9 +134,12 @@ async fn a_record_is_stored_and_replayed_without_fencing() {
 #[tokio::test]
 async fn the_layer_sends_no_fencing_token_for_an_unfenced_lock() {
     let server = RedisServer::start();
-    let layer = LockLayer::builder(Locker::new(store(&server)), KeyFrom::path_param("id"))
-        .build()
-        .unwrap();
+    let layer = LockLayer::builder(
+        Locker::new(store(&server)),
+        KeyFrom::path_param::<String>("id"),
+    )
+    .build()
+    .unwrap();
     let handler = post(
         |guard: LockGuard, token: Option<Extension<FencingToken>>| async move {
             assert!(guard.is_held());
@@ -156,9 +159,12 @@ async fn the_layer_sends_no_fencing_token_for_an_unfenced_lock() {
     // A handler that asks for the token itself: `Option` sees none, the
     // plain extractor refuses with a 500 problem naming the cause.
     let layer = || {
-        LockLayer::builder(Locker::new(store(&server)), KeyFrom::path_param("id"))
-            .build()
-            .unwrap()
+        LockLayer::builder(
+            Locker::new(store(&server)),
+            KeyFrom::path_param::<String>("id"),
+        )
+        .build()
+        .unwrap()
     };
     let app = Router::new()
         .route(

@@ -96,7 +96,7 @@ pub fn app<St: LockStore + Clone>(
     // Stripe retries for days: an in-flight duplicate gets 409 at once.
     let stripe_lock = LockLayer::builder(
         Locker::builder(store.clone()).lease(opts.lease).build()?,
-        KeyFrom::json_pointer("/id"),
+        KeyFrom::json_pointer::<String>("/id"),
     )
     .namespace(STRIPE_NAMESPACE)
     .body_limit(MAX_BODY)

@@ -33,7 +33,7 @@ pub fn app<St: LockStore + Clone>(
 ) -> Result<Router, ConfigError> {
     let lock = LockLayer::builder(
         Locker::builder(store).lease(lease).build()?,
-        KeyFrom::json_pointer("/id"),
+        KeyFrom::json_pointer::<String>("/id"),
     )
     .namespace(NAMESPACE)
     .body_limit(MAX_BODY)

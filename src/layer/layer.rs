@@ -105,7 +105,7 @@ impl<St> Config<St> {
 /// let locker = Locker::new(MemoryStore::new());
 /// let app: Router = Router::new().route(
 ///     "/orders/{id}/capture",
-///     post(capture).route_layer(LockLayer::new(locker.clone(), KeyFrom::path_param("id"))),
+///     post(capture).route_layer(LockLayer::new(locker.clone(), KeyFrom::path_param::<u64>("id"))),
 /// );
 /// ```
 ///
@@ -327,7 +327,7 @@ impl<St: LockStore> LockLayerBuilder<St> {
     /// use tower_redis_lock::{KeyFrom, LockLayer, Locker, MemoryStore, Problem};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let layer = LockLayer::builder(Locker::new(MemoryStore::new()), KeyFrom::path_param("id"))
+    /// let layer = LockLayer::builder(Locker::new(MemoryStore::new()), KeyFrom::path_param::<String>("id"))
     ///     .namespace("orders")
     ///     .on_rejection(|p: &Problem| {
     ///         (p.status(), Json(serde_json::json!({ "error": p.detail() })))

@@ -17,7 +17,7 @@
 //! let app: Router = Router::new().route(
 //!     "/accounts/{id}/rebalance",
 //!     post(rebalance).route_layer(
-//!         LockLayer::builder(locker, KeyFrom::path_param("id"))
+//!         LockLayer::builder(locker, KeyFrom::path_param::<u64>("id"))
 //!             .namespace("accounts")
 //!             .contention_status(http::StatusCode::LOCKED)
 //!             .build()?,

@@ -216,11 +216,12 @@ where
     let id = match id {
         Ok(id) => id,
         // Never guess which id the handler will act on (a source given
-        // twice, a dot segment, a stray `%`…), whatever `OnMissingKey` says.
+        // twice, a dot segment, a stray `%`, a value the handler's extractor
+        // refuses…), whatever `OnMissingKey` says.
         Err(refused) => {
             return Ok(reject(
                 Problem::new(
-                    StatusCode::BAD_REQUEST,
+                    refused.status(),
                     format!("{refused}: expected {}", c.key.describe()),
                 ),
                 None,

@@ -1,5 +1,6 @@
 use super::*;
 use http::HeaderValue;
+use http::StatusCode;
 
 fn parts(uri: &str) -> Parts {
     http::Request::builder()
@@ -23,14 +24,17 @@ fn found(id: &[u8]) -> Result<Option<Vec<u8>>, Refused> {
 async fn head_sources() {
     let mut p = parts("/a/b?event=e%201&x=2");
     assert_eq!(id(&KeyFrom::path(), &mut p).await, found(b"/a/b"));
-    assert_eq!(id(&KeyFrom::query("event"), &mut p).await, found(b"e 1"));
-    assert_eq!(id(&KeyFrom::query("nope"), &mut p).await, Ok(None));
+    let event = KeyFrom::query::<String>("event");
+    assert_eq!(id(&event, &mut p).await, found(b"e 1"));
+    let nope = KeyFrom::query::<String>("nope");
+    assert_eq!(id(&nope, &mut p).await, Ok(None));
     let delivery = KeyFrom::header(HeaderName::from_static("x-delivery"));
     assert_eq!(id(&delivery, &mut p).await, found(b"d-1"));
     let custom = KeyFrom::custom(|p| Some(p.method.to_string()));
     assert_eq!(id(&custom, &mut p).await, found(b"GET"));
     // Outside an axum router there are no path params.
-    assert_eq!(id(&KeyFrom::path_param("id"), &mut p).await, Ok(None));
+    let param = KeyFrom::path_param::<u64>("id");
+    assert_eq!(id(&param, &mut p).await, Ok(None));
 }
 
 #[tokio::test]
@@ -52,16 +56,24 @@ async fn one_spelling_per_id_and_no_repeats() {
         id(&path, &mut parts("/a/b")).await,
         id(&path, &mut parts("/a/b/")).await
     );
-    // Raw bytes, never lossily decoded: %FF and %FE stay apart.
-    let q = KeyFrom::query("id");
-    assert_eq!(id(&q, &mut parts("/?id=%FF")).await, found(b"\xff"));
+    // Decoded as `Query` decodes: invalid UTF-8 to U+FFFD, `+` a space, a
+    // stray `%` kept.
+    let q = KeyFrom::query::<String>("id");
+    assert_eq!(
+        id(&q, &mut parts("/?id=%FF")).await,
+        found("\u{FFFD}".as_bytes())
+    );
+    assert_eq!(
+        id(&q, &mut parts("/?id=%FE")).await,
+        found("\u{FFFD}".as_bytes())
+    );
     assert_eq!(id(&q, &mut parts("/?i%64=a+b%2")).await, found(b"a b%2"));
     assert_eq!(
         id(&q, &mut parts("/?id=a&id=b")).await,
         Err(Refused::Repeated)
     );
     assert_eq!(
-        id(&q, &mut parts("/?id=a&id=a")).await,
+        id(&q, &mut parts("/?id=a&i%64=a")).await,
         Err(Refused::Repeated)
     );
     assert_eq!(id(&q, &mut parts("/?id=&x=1")).await, Ok(None));
@@ -85,7 +97,7 @@ async fn one_spelling_per_id_and_no_repeats() {
 
 #[tokio::test]
 async fn a_path_has_one_spelling_and_ambiguous_paths_are_refused() {
-    let path = |p: &str| canonical_path(p);
+    let path = |p: &str| path::canonical(p);
     // Decoded first (either hex case), then split: one key per path.
     for (a, b) in [
         ("/raw/a", "/raw/%61"),
@@ -137,25 +149,22 @@ async fn a_path_has_one_spelling_and_ambiguous_paths_are_refused() {
 }
 
 fn json(pointer: &str, body: &str) -> Result<Option<Vec<u8>>, Refused> {
-    KeyFrom::json_pointer(pointer).id_in_body(body.as_bytes())
+    KeyFrom::json_pointer::<String>(pointer).id_in_body(body.as_bytes())
 }
 
-fn number(n: &str) -> Vec<u8> {
-    json("/id", &format!(r#"{{"id":{n}}}"#))
-        .unwrap()
-        .unwrap_or_else(|| panic!("{n} gave no key"))
+fn rejected(r: Result<Option<Vec<u8>>, Refused>) -> StatusCode {
+    match r {
+        Err(Refused::Rejected { status, .. }) => status,
+        other => panic!("not rejected: {other:?}"),
+    }
 }
 
 #[test]
 fn json_sources() {
-    let k = KeyFrom::json_pointer("/data/object/id");
+    let k = KeyFrom::json_pointer::<String>("/data/object/id");
     assert_eq!(
         k.id_in_body(br#"{"data":{"object":{"id":"evt_1"}}}"#),
         found(b"evt_1")
-    );
-    assert_eq!(
-        k.id_in_body(br#"{"data":{"object":{"id":42}}}"#),
-        found(b"42")
     );
     assert_eq!(k.id_in_body(br#"{"data":{}}"#), Ok(None));
     assert_eq!(k.id_in_body(br#"{"data":{"object":{"id":""}}}"#), Ok(None));
@@ -174,11 +183,46 @@ fn json_sources() {
     assert_eq!(json("/a~1b/c~0d", r#"{"a/b":{"c~d":"z"}}"#), found(b"z"));
     assert_eq!(json("", r#""whole""#), found(b"whole"));
     assert_eq!(json("id", r#"{"id":"a"}"#), Ok(None));
-    // Not strings or numbers: no key.
-    for v in ["null", "true", "{}", "[1]", r#"{"id":1}"#] {
-        assert_eq!(json("/id", &format!(r#"{{"id":{v}}}"#)), Ok(None), "{v}");
-    }
     assert_eq!(json("/id/x", r#"{"id":1e999}"#), Ok(None));
+    // `null` is no key where the type reads it as `None`; another shape is
+    // what `Json` answers 422 for.
+    let optional = KeyFrom::json_pointer::<Option<String>>("/id");
+    assert_eq!(optional.id_in_body(br#"{"id":null}"#), Ok(None));
+    assert_eq!(optional.id_in_body(br#"{"id":"a"}"#), found(b"a"));
+    for v in ["null", "true", "{}", "[1]", "1"] {
+        let body = format!(r#"{{"id":{v}}}"#);
+        assert_eq!(rejected(json("/id", &body)), 422, "{v}");
+    }
+}
+
+#[test]
+fn a_json_value_keys_as_its_type_reads_it() {
+    let key = |k: &KeyFrom, v: &str| k.id_in_body(format!(r#"{{"id":{v}}}"#).as_bytes());
+    let int = KeyFrom::json_pointer::<i64>("/id");
+    assert_eq!(key(&int, "7"), found(b"7"));
+    assert_eq!(key(&int, "-7"), found(b"-7"));
+    // What an `i64` cannot read, `Json` answers 422 for: the layer too
+    // (serde_json reads `-0` as a float).
+    for v in ["7.0", "1e0", "-0", "-0.0", r#""7""#, "9223372036854775808"] {
+        assert_eq!(rejected(key(&int, v)), 422, "{v}");
+    }
+    // Spellings of one `f64` share its key; two `f64`s never do.
+    let float = KeyFrom::json_pointer::<f64>("/id");
+    for v in ["1.0", "1e0", "10e-1", "0.1e1", "1"] {
+        assert_eq!(key(&float, v), found(b"1.0"), "{v}");
+    }
+    assert_ne!(key(&float, "0.1"), key(&float, "0.10000000000000002"));
+    // Out of range is a syntax error to serde_json, so 400 as `Json`.
+    assert_eq!(rejected(key(&float, "1e400")), 400);
+    // A lone surrogate has no text: 400, as `Json` answers.
+    assert_eq!(rejected(json("/id", r#"{"id":"\ud800"}"#)), 400);
+    // A self-describing type keys a string as its text.
+    let any = KeyFrom::json_pointer::<serde_json::Value>("/id");
+    assert_eq!(key(&any, r#""a""#), found(b"a"));
+    assert_eq!(
+        key(&any, r#"{"b":1,"a":[true]}"#),
+        found(br#"{"a":[true],"b":1}"#)
+    );
 }
 
 #[test]
@@ -200,18 +244,13 @@ fn a_json_body_is_checked_in_full() {
     }
     // The grammar is checked, not what serde_json's `Value` can hold: a
     // number out of `f64` range or a lone surrogate elsewhere is JSON
-    // (the handler's extractor judges it); as the id, a lone surrogate
-    // has no text and is refused.
+    // (the handler's extractor judges it).
     assert_eq!(json("/id", r#"{"x":1e400,"id":"a"}"#), found(b"a"));
     assert_eq!(json("/id", r#"{"x":"\ud800","id":"a"}"#), found(b"a"));
-    assert!(matches!(
-        json("/id", r#"{"id":"\ud800"}"#),
-        Err(Refused::NotJson(_))
-    ));
     let mut bad_utf8 = br#"{"id":"a","x":""#.to_vec();
     bad_utf8.extend_from_slice(b"\xff\"}");
     assert!(matches!(
-        KeyFrom::json_pointer("/id").id_in_body(&bad_utf8),
+        KeyFrom::json_pointer::<String>("/id").id_in_body(&bad_utf8),
         Err(Refused::NotJson(_))
     ));
 }
@@ -238,70 +277,69 @@ fn a_json_member_on_the_way_named_twice_is_refused() {
 }
 
 #[test]
-fn a_json_number_keys_by_its_exact_value() {
-    // One value, one text: the text an integer is written in.
-    for spellings in [
-        &[
-            "1", "1.0", "1e0", "1E0", "10e-1", "0.1e1", "1.000e+0", "100E-2",
-        ][..],
-        &[
-            "0",
-            "-0",
-            "0.0",
-            "-0.0e5",
-            "0e-3",
-            "0e99999999999999999999999",
-        ],
-        &["42", "4.2e1", "420e-1", "42.000"],
-        &["-7", "-7.0", "-70e-1"],
-        &["2500", "25e2", "2.5e3", "2500.0"],
-        &["1.5", "15e-1", "1.50", "0.15e1"],
-        &["0.0015", "1.5e-3", "15e-4"],
-        &["1e65", "10e64", "0.1e66"],
-        &["1.5e100", "15e99", "150e98"],
-        &["1e-65", "0.1e-64", "10e-66"],
-    ] {
-        let first = number(spellings[0]);
-        assert_eq!(first, spellings[0].as_bytes(), "canonical text");
-        for s in spellings {
-            assert_eq!(number(s), first, "{s} vs {}", spellings[0]);
-        }
+fn a_value_is_encoded_once_and_strings_stay_readable() {
+    use canonical::encode;
+    assert_eq!(encode("ord_1"), found(b"ord_1"));
+    assert_eq!(encode("a\"b"), found(b"a\"b"));
+    assert_eq!(encode(&7u64), found(b"7"));
+    assert_eq!(encode(&("acme", 7)), found(br#"["acme",7]"#));
+    assert_eq!(encode(&-0.0f64), found(b"-0.0"));
+    // No key: `None`, `()`, an empty string, and floats serde_json writes
+    // as `null`.
+    assert_eq!(encode(&None::<u64>), Ok(None));
+    assert_eq!(encode(&()), Ok(None));
+    assert_eq!(encode(""), Ok(None));
+    assert_eq!(encode(&f64::NAN), Ok(None));
+    // A string "null" is an id, not a missing one.
+    assert_eq!(encode("null"), found(b"null"));
+    // A value serde_json cannot write is the server's error.
+    let mut map = std::collections::BTreeMap::new();
+    map.insert((1, 2), 3);
+    assert_eq!(rejected(encode(&map)), 500);
+}
+
+#[test]
+fn a_path_parameter_is_read_as_axum_reads_it() {
+    use param::parse;
+    assert_eq!(parse::<u64>("id", "07"), Ok(7));
+    assert_eq!(parse::<String>("id", "07"), Ok("07".to_owned()));
+    assert_eq!(parse::<Option<u64>>("id", "7"), Ok(Some(7)));
+    assert_eq!(parse::<char>("id", "é"), Ok('é'));
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    enum Kind {
+        Card,
     }
-    // Beyond f64: different values, different keys.
-    for (a, b) in [
-        ("1180591620717411303424", "1180591620717411303425"),
-        ("18446744073709551616", "18446744073709551617"),
-        ("1.5", "1.50000000000000000001"),
-        ("0.1", "0.10000000000000000000000001"),
-        ("1e400", "1e401"),
-        ("1e-400", "0"),
-        ("1e64", "1e65"),
-        ("1", "-1"),
-        ("123", "1.23"),
-        ("9007199254740993", "9007199254740992"),
-    ] {
-        assert_ne!(number(a), number(b), "{a} vs {b}");
-    }
-    assert_eq!(number("1180591620717411303424"), b"1180591620717411303424");
-    assert_eq!(number("1e64"), format!("1{}", "0".repeat(64)).into_bytes());
-    assert_eq!(number("-1.5e-100"), b"-1.5e-100");
+    assert_eq!(parse::<Kind>("kind", "Card"), Ok(Kind::Card));
+    // axum's words and statuses.
     assert_eq!(
-        number("1e-64"),
-        format!("0.{}1", "0".repeat(63)).into_bytes()
+        parse::<u64>("id", "x"),
+        Err(Refused::Rejected {
+            status: StatusCode::BAD_REQUEST,
+            detail: "Invalid URL: Cannot parse `id` with value `x` to a `u64`".to_owned(),
+        })
     );
-    // A number keys as the string of its canonical text.
-    assert_eq!(json("/id", r#"{"id":"1"}"#), json("/id", r#"{"id":1.0}"#));
-    assert_ne!(json("/id", r#"{"id":"1.0"}"#), json("/id", r#"{"id":1.0}"#));
-    // An exponent that cannot be kept exactly is refused, without a
-    // huge allocation for one that can.
-    assert_eq!(
-        json("/id", r#"{"id":1e1000000000000000000}"#),
-        Err(Refused::HugeExponent)
+    let variant = parse::<Kind>("kind", "Cash").unwrap_err();
+    assert_eq!(variant.status(), 400);
+    assert!(
+        variant.to_string().contains("unknown variant `Cash`"),
+        "{variant}"
     );
-    assert_eq!(number("1e1000000000"), b"1e1000000000");
+    assert_eq!(parse::<(String, u64)>("id", "7").unwrap_err().status(), 400);
+    assert_eq!(parse::<Vec<u64>>("id", "7").unwrap_err().status(), 500);
+    let map = parse::<std::collections::BTreeMap<String, u64>>("id", "7");
+    assert_eq!(map.unwrap_err().status(), 500);
+}
+
+#[test]
+fn type_names_are_short() {
     assert_eq!(
-        number("-25e-999999999999999999"),
-        b"-2.5e-999999999999999998"
+        short("axum::extract::path::Path<(alloc::string::String, u64)>"),
+        "Path<(String, u64)>"
+    );
+    assert_eq!(short("u64"), "u64");
+    assert_eq!(
+        format!("{:?}", KeyFrom::query::<String>("id")),
+        r#"KeyFrom::query::<String>("id")"#
     );
 }
 
