@@ -27,10 +27,13 @@ pub enum Acquired {
 
 /// Takes locks from a [`LockStore`] and keeps them alive.
 ///
-/// A `Locker` is cheap to clone; clones share one watchdog task (spawned on
-/// first use, on the caller's runtime, and spawned again on the caller's
-/// runtime if the one it ran on has shut down) that renews every lease they
-/// hold, every lease/3, in pipelined batches.
+/// A `Locker` is cheap to clone; clones share one watchdog task that renews
+/// every lease they hold, every lease/3, in pipelined batches. The task is
+/// spawned on the runtime of the first grant. If that runtime shuts down
+/// while leases are held (a locker in a `static` shared by several
+/// `#[tokio::test]`s, or outliving a worker runtime), a task on a runtime
+/// that one of those grants was made on takes them on; if none runs any
+/// more, they are reported lost at once ([`LockGuard::lost`] resolves).
 ///
 /// ```
 /// use std::time::Duration;
