@@ -534,6 +534,129 @@ fn a_lease_held_when_the_watchdogs_runtime_shuts_down_is_handed_on_or_reported_l
     assert_eq!(locker.renewing(), 0);
 }
 
+/// The watchdog's task stays on the runtime it was started on; a runtime
+/// that is alive but no longer driven (a setup runtime kept around) never
+/// runs it again. A guard granted elsewhere still hears of its loss by its
+/// deadline: `lost()` watches the deadline on the awaiting task's runtime.
+#[test]
+fn a_lease_whose_watchdog_runtime_idles_is_reported_lost_by_its_deadline() {
+    let lease = Duration::from_millis(300);
+    let store = MemoryStore::new();
+    let locker = Locker::builder(store.clone()).lease(lease).build().unwrap();
+    let setup = runtime(false);
+    setup.block_on(async {
+        let g = locker.acquire(&key("idle-boot")).await.unwrap();
+        g.release().await.unwrap();
+    });
+    let work = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    work.block_on(async {
+        let g = locker.acquire(&key("idle-work")).await.unwrap();
+        let told = timeout(lease * 4, g.lost()).await.is_ok();
+        assert!(
+            told || (store.is_locked(&key("idle-work")) && g.is_held()),
+            "neither renewed nor told: lost() pending, held in the store: {}",
+            store.is_locked(&key("idle-work"))
+        );
+        assert!(g.is_lost() || g.is_held());
+    });
+    drop(setup);
+}
+
+/// A store whose `extend_many` panics when called, before it returns a
+/// future: one batch's panic costs no lease (retried like a failure).
+#[derive(Clone)]
+struct PanicsOnce {
+    inner: MemoryStore,
+    panics_left: Arc<AtomicU32>,
+}
+
+impl LockStore for PanicsOnce {
+    async fn acquire(
+        &self,
+        k: &LockKey,
+        o: &OwnerToken,
+        l: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        self.inner.acquire(k, o, l).await
+    }
+    async fn extend(&self, k: &LockKey, o: &OwnerToken, l: Duration) -> Result<bool, Error> {
+        self.inner.extend(k, o, l).await
+    }
+    #[allow(clippy::manual_async_fn)]
+    fn extend_many(
+        &self,
+        renewals: &[tower_redis_lock::Renewal],
+    ) -> impl Future<Output = Vec<Result<bool, Error>>> + Send {
+        let once = |n: u32| n.checked_sub(1);
+        if self
+            .panics_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, once)
+            .is_ok()
+        {
+            panic!("test: the store panics while preparing a batch");
+        }
+        let (renewals, inner) = (renewals.to_vec(), self.inner.clone());
+        async move { inner.extend_many(&renewals).await }
+    }
+    async fn release(&self, k: &LockKey, o: &OwnerToken) -> Result<bool, Error> {
+        self.inner.release(k, o).await
+    }
+    async fn finish(
+        &self,
+        k: &LockKey,
+        o: &OwnerToken,
+        r: bytes::Bytes,
+        t: Duration,
+    ) -> Result<bool, Error> {
+        self.inner.finish(k, o, r, t).await
+    }
+    async fn read_record(&self, k: &LockKey) -> Result<Option<bytes::Bytes>, Error> {
+        self.inner.read_record(k).await
+    }
+    async fn subscribe(&self, k: &LockKey) -> Result<ReleaseWatch, Error> {
+        self.inner.subscribe(k).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_whose_extend_many_panics_before_its_future_costs_no_lease() {
+    let lease = Duration::from_millis(900);
+    let store = PanicsOnce {
+        inner: MemoryStore::new(),
+        panics_left: Arc::new(AtomicU32::new(1)),
+    };
+    let locker = Locker::builder(store.clone()).lease(lease).build().unwrap();
+    let g = locker.acquire(&key("panics-early")).await.unwrap();
+    tokio::time::sleep(lease * 3).await;
+    assert_eq!(
+        store.panics_left.load(Ordering::SeqCst),
+        0,
+        "never panicked"
+    );
+    assert!(
+        !g.is_lost() && g.is_held(),
+        "one panicking batch cost the lease"
+    );
+}
+
+/// A lease `LockGuard::extend` finds taken leaves the watchdog's table at
+/// once, as one its own renewal finds taken does.
+#[tokio::test(start_paused = true)]
+async fn a_lease_found_lost_by_extend_leaves_the_watchdog() {
+    let store = MemoryStore::new();
+    let locker = Locker::new(store.clone());
+    let g = locker.acquire(&key("lost-by-extend")).await.unwrap();
+    assert_eq!(locker.renewing(), 1);
+    assert!(store.lose(&key("lost-by-extend")));
+    assert!(g.extend().await.is_err());
+    assert!(g.is_lost());
+    assert_eq!(locker.renewing(), 0, "a lost lease is still in the table");
+}
+
 #[test]
 fn an_acquire_dropped_outside_any_runtime_is_released_on_its_own_runtime() {
     let rt = tokio::runtime::Builder::new_multi_thread()

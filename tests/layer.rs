@@ -228,6 +228,7 @@ async fn a_json_pointer_key_reads_the_body_and_hands_the_same_bytes_on() {
     let r = send(
         &app,
         Request::post("/webhooks/stripe")
+            .header(CONTENT_TYPE, "application/json")
             .body(Body::from(r#"{"data":{"object":{"id":42}}}"#))
             .unwrap(),
     )
@@ -347,6 +348,7 @@ async fn body_keys_are_read_within_the_limit_and_bad_bodies_never_reach_the_hand
     let ok = send(
         &app,
         Request::post("/hook")
+            .header(CONTENT_TYPE, "application/json")
             .body(Body::from(r#"{"id":"a"}"#))
             .unwrap(),
     )
@@ -360,6 +362,7 @@ async fn body_keys_are_read_within_the_limit_and_bad_bodies_never_reach_the_hand
     let r = send(
         &app,
         Request::post("/hook")
+            .header(CONTENT_TYPE, "application/json")
             .header(http::header::CONTENT_LENGTH, total.to_string())
             .body(counted_body(4, CHUNK, pulled.clone()))
             .unwrap(),
@@ -379,6 +382,7 @@ async fn body_keys_are_read_within_the_limit_and_bad_bodies_never_reach_the_hand
     let r = send(
         &app,
         Request::post("/hook")
+            .header(CONTENT_TYPE, "application/json")
             .body(counted_body(chunks, CHUNK, pulled.clone()))
             .unwrap(),
     )
@@ -395,6 +399,7 @@ async fn body_keys_are_read_within_the_limit_and_bad_bodies_never_reach_the_hand
     let r = send(
         &app,
         Request::post("/hook")
+            .header(CONTENT_TYPE, "application/json")
             .body(Body::from("{not json"))
             .unwrap(),
     )
@@ -405,6 +410,7 @@ async fn body_keys_are_read_within_the_limit_and_bad_bodies_never_reach_the_hand
     let r = send(
         &app,
         Request::post("/hook")
+            .header(CONTENT_TYPE, "application/json")
             .body(Body::from(r#"{"other":1}"#))
             .unwrap(),
     )

@@ -1100,8 +1100,13 @@ async fn a_key_source_given_twice_is_refused() {
     assert_eq!(store.held_count(), 0);
 }
 
+/// A JSON request (`Content-Type: application/json`, as axum's `Json`
+/// requires).
 fn with_body(uri: &str, body: &'static str) -> Request<Body> {
-    Request::post(uri).body(Body::from(body)).unwrap()
+    Request::post(uri)
+        .header(CONTENT_TYPE, "application/json")
+        .body(Body::from(body))
+        .unwrap()
 }
 
 /// Sends each request to a layer keyed by `key` whose handler would pass at
@@ -1371,4 +1376,65 @@ async fn json_ids_reach_a_routed_handler_as_keyed() {
     let r = call(&app, with_body("/j", r#"{"id":"a","id":"b"}"#)).await;
     r.problem(StatusCode::BAD_REQUEST);
     assert_eq!(runs.runs(), 5);
+}
+
+/// axum's `Json` refuses a body whose `Content-Type` is not JSON (415). A
+/// JSON-keyed layer refuses it the same, before any lock: keyed and locked,
+/// the handler's 415 was stored by an idempotent layer as the event's
+/// outcome, and the sender's corrected delivery got it replayed.
+#[tokio::test]
+async fn a_json_key_refuses_a_body_json_refuses_by_its_content_type_before_any_lock() {
+    #[derive(serde::Deserialize)]
+    struct Event {
+        id: String,
+    }
+    let store = tower_redis_lock::MemoryStore::new();
+    let layer = tower_redis_lock::LockLayer::builder(
+        tower_redis_lock::Locker::new(store.clone()),
+        tower_redis_lock::KeyFrom::json_pointer::<String>("/id"),
+    )
+    .namespace("events")
+    .idempotent(tower_redis_lock::Idempotency::new())
+    .build()
+    .unwrap();
+    let app = Router::new().route(
+        "/events",
+        post(|axum::Json(e): axum::Json<Event>| async move { format!("applied {}", e.id) })
+            .route_layer(layer),
+    );
+    let body = r#"{"id":"evt_1"}"#;
+    for content_type in [None, Some("text/plain"), Some("application/jsonx")] {
+        let mut req = Request::post("/events");
+        if let Some(ct) = content_type {
+            req = req.header(CONTENT_TYPE, ct);
+        }
+        let res = app
+            .clone()
+            .oneshot(req.body(Body::from(body)).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            res.status(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "{content_type:?}"
+        );
+        assert_eq!(res.headers()[CONTENT_TYPE], "application/problem+json");
+        assert_eq!(store.held_count(), 0);
+    }
+    for content_type in [
+        "application/json",
+        "application/vnd.api+json; charset=utf-8",
+    ] {
+        let res = app
+            .clone()
+            .oneshot(
+                Request::post("/events")
+                    .header(CONTENT_TYPE, content_type)
+                    .body(Body::from(body))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{content_type}");
+    }
 }

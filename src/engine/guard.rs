@@ -217,13 +217,38 @@ impl LockGuard {
     /// Resolves once the lock is lost (another owner, or the lease ran out
     /// without a renewal). Pends forever while the lock is held or after a
     /// clean release. Cancel-safe; any number of clones may wait.
+    ///
+    /// The validity deadline is watched here too, on the awaiting task's
+    /// runtime: a lease the watchdog could not renew resolves this at its
+    /// deadline even if the watchdog's own task cannot run (its runtime
+    /// alive but no longer driven).
     pub fn lost(&self) -> impl Future<Output = ()> + Send + '_ {
-        self.shared.lease().lost.cancelled()
+        let l = self.shared.lease();
+        async move {
+            loop {
+                tokio::select! {
+                    biased;
+                    () = l.lost.cancelled() => return,
+                    () = tokio::time::sleep_until(l.valid_until()) => {
+                        if l.expire_if_due() {
+                            return;
+                        }
+                        if !l.is_active() {
+                            // Released cleanly: never lost.
+                            std::future::pending::<()>().await;
+                        }
+                        // Renewed meanwhile: watch the new deadline.
+                    }
+                }
+            }
+        }
     }
 
-    /// Whether the lock has been lost (as opposed to held or released).
+    /// Whether the lock has been lost (as opposed to held or released): a
+    /// renewal found another owner, or the validity deadline passed
+    /// without a renewal.
     pub fn is_lost(&self) -> bool {
-        self.shared.lease().lost.is_cancelled()
+        self.shared.lease().expire_if_due()
     }
 
     /// Renews the lease right now, on top of the watchdog. Fails with
@@ -250,6 +275,9 @@ impl LockGuard {
             Ok(())
         } else {
             l.mark_lost(LossReason::NotOwner);
+            // Out of the watchdog's table at once, as when a renewal of
+            // its own finds another owner.
+            self.shared.watchdog.remove(l.id);
             Err(Error::LockLost { key: l.key.clone() })
         }
     }

@@ -158,6 +158,17 @@ impl Lease {
         flipped
     }
 
+    /// Flips a held lease whose validity deadline has passed to lost: the
+    /// watchdog does so at the deadline, and a guard that looks first (its
+    /// watchdog's task cannot run: its runtime is alive but not driven)
+    /// does it itself. Whether the lease is lost now.
+    pub(crate) fn expire_if_due(&self) -> bool {
+        if self.is_active() && Instant::now() >= self.valid_until() {
+            self.mark_lost(LossReason::Expired);
+        }
+        self.lost.is_cancelled()
+    }
+
     /// Marks the lease released; returns whether it was not released before.
     pub(crate) fn mark_released(&self) -> bool {
         self.status.swap(RELEASED, Ordering::AcqRel) != RELEASED

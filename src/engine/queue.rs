@@ -108,8 +108,10 @@ impl KeyQueue {
         })
     }
 
-    /// Records the lease just granted to one of the queue's waiters.
+    /// Records the lease just granted to one of the queue's waiters (what
+    /// was heard of the previous holder no longer applies).
     pub(crate) fn set_holder(&self, lease: &Arc<Lease>) {
+        *self.seen_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
         *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(lease);
     }
 }

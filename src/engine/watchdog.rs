@@ -17,7 +17,7 @@
 //! leaves the lease as it is and retries soon. If the validity deadline passes with no successful renewal,
 //! the lease is flipped to lost at that instant.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -286,20 +286,38 @@ fn hand_on(shared: &Shared) {
     if !shared.ended.load(Ordering::Acquire) {
         return;
     }
-    let runtimes: Vec<Handle> = lock(&shared.table)
-        .entries
-        .values()
-        .map(|e| e.runtime.clone())
-        .collect();
-    if runtimes.iter().any(|rt| spawn_on(shared, rt)) {
-        return;
+    // Leases granted while this runs (whose grant saw a spawn attempt under
+    // way and left the start to it) are tried too, never reported lost
+    // untried.
+    let mut tried = HashSet::new();
+    loop {
+        let fresh: Vec<Handle> = lock(&shared.table)
+            .entries
+            .iter()
+            .filter(|&(id, _)| tried.insert(*id))
+            .map(|(_, e)| e.runtime.clone())
+            .collect();
+        if fresh.is_empty() {
+            break;
+        }
+        if fresh.iter().any(|rt| spawn_on(shared, rt)) {
+            return;
+        }
     }
-    let orphans: Vec<Arc<Lease>> = {
+    let mut orphans = Vec::new();
+    {
         let mut t = lock(&shared.table);
-        t.queue.clear();
-        t.next_look = None;
-        t.entries.drain().map(|(_, e)| e.lease).collect()
-    };
+        let Table { entries, queue, .. } = &mut *t;
+        entries.retain(|id, e| {
+            if tried.contains(id) {
+                queue.remove(&(e.queued, *id));
+                orphans.push(e.lease.clone());
+                false
+            } else {
+                true
+            }
+        });
+    }
     for lease in orphans {
         lease.mark_lost(LossReason::Stopped);
     }
@@ -380,7 +398,9 @@ async fn run<S: LockStore>(
                 // A store that panics answers every renewal of the batch
                 // with an error: retried after a pause like any failure,
                 // never left in flight (and never renewed again) for good.
-                let results = AssertUnwindSafe(store.extend_many(&renewals))
+                // (The call inside the guarded future: a store may panic
+                // before it returns one, too.)
+                let results = AssertUnwindSafe(async { store.extend_many(&renewals).await })
                     .catch_unwind()
                     .await
                     .unwrap_or_else(|_| panicked(renewals.len()));

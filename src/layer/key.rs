@@ -255,6 +255,9 @@ impl KeyFrom {
     /// [`KeyFrom`]). The body is read (within the body limit), checked to
     /// be JSON in full, and handed to the service unchanged.
     ///
+    /// - A `Content-Type` that is not JSON (`application/json` or
+    ///   `application/*+json`): 415, as `Json` answers, before the body is
+    ///   read or any lock taken.
     /// - A body that is not JSON: 400. A value of another shape than `T` (a
     ///   number for a `String`, `1.5` or `"7"` for a `u64`): 422, as `Json`
     ///   answers.
@@ -481,6 +484,22 @@ impl KeyFrom {
         Ok(id.filter(|id| !id.is_empty()))
     }
 
+    /// Refuses, before the body is read, what the handler's extractor
+    /// refuses by the request head: for a JSON key, a `Content-Type` that
+    /// is not JSON (`application/json` or `application/*+json`), which
+    /// axum's `Json` answers with 415. (Keyed and locked, such a request
+    /// would reach a handler that refuses it, and an idempotent layer
+    /// would store that refusal as the event's outcome.)
+    pub(crate) fn check_head(&self, headers: &http::HeaderMap) -> Result<(), Refused> {
+        if matches!(self.kind, Kind::JsonPointer(_)) && !is_json(headers) {
+            return Err(Refused::Rejected {
+                status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                detail: "Expected request with `Content-Type: application/json`".to_owned(),
+            });
+        }
+        Ok(())
+    }
+
     /// Finds the id in the body: for a JSON pointer, the body is checked to
     /// be JSON in full, then walked along the pointer on its text, and the
     /// value found read into the key's type; for [`KeyFrom::body_digest`],
@@ -497,6 +516,23 @@ impl KeyFrom {
         };
         Ok(id.filter(|id| !id.is_empty()))
     }
+}
+
+/// Whether the request says its body is JSON, as axum's `Json` reads the
+/// first `Content-Type`: type `application`, subtype `json` or `…+json`.
+fn is_json(headers: &http::HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or_default().trim();
+    let Some((ty, sub)) = essence.split_once('/') else {
+        return false;
+    };
+    let sub = sub.trim().to_ascii_lowercase();
+    ty.trim().eq_ignore_ascii_case("application") && (sub == "json" || sub.ends_with("+json"))
 }
 
 fn param_key<T>(name: &str, value: &str) -> Result<Option<Vec<u8>>, Refused>

@@ -196,7 +196,9 @@ where
         .idempotency
         .as_ref()
         .is_some_and(|i| i.fingerprint == Fingerprint::Body);
-    let (id, body, fingerprint) = if c.key.needs_body() || fingerprint_body {
+    let (id, body, fingerprint) = if let Err(refused) = c.key.check_head(&parts.headers) {
+        (Err(refused), body, None)
+    } else if c.key.needs_body() || fingerprint_body {
         let bytes = match read_body(&parts, body, c.body_limit).await {
             Ok(bytes) => bytes,
             Err(p) => return Ok(reject(p, None)),
