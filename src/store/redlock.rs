@@ -18,9 +18,14 @@ use quorum::{gather, tally};
 ///
 /// * a grant asks every node in parallel and holds when a majority
 ///   (N/2 + 1) granted within the validity `lease − elapsed − (lease/100 +
-///   2 ms)`; otherwise it releases everywhere and reports the lock held (or
-///   the store unavailable, when too few nodes answered to ever reach a
-///   majority — the layer then fails closed). It answers as soon as a
+///   2 ms)`, `elapsed` measured when the majority answered (nothing done
+///   after that, such as waiting for the other nodes, turns a grant made
+///   in time into a refusal); otherwise it releases everywhere and reports
+///   the lock held when other owners hold it, or the store unavailable
+///   when too few nodes answered to ever reach a majority, or when the
+///   majority granted only after the validity (nobody holds the lock: it
+///   is no contention, the nodes are too slow for the lease) — the layer
+///   then fails closed. It answers as soon as a
 ///   majority granted (or too many refused): the nodes still working
 ///   finish in the background, where a late grant of a lock that counts
 ///   stays (the release goes to every node, behind it on that node's
@@ -59,15 +64,28 @@ use quorum::{gather, tally};
 ///
 /// * when every node granted with a fresh mint (the usual case: the grant
 ///   waits for the nodes after the majority's answers as long again as the
-///   majority took), the token is the majority-th largest mint: a majority
+///   majority took, and at most half the validity left), the token is the
+///   majority-th largest mint: a majority
 ///   minted it or more, and the nodes that minted it or less are enough to
 ///   share one with the majority of the last counted token, so it is above
 ///   that one. Nothing is written back;
 /// * otherwise the token is the largest of the majority's, written back to
 ///   the counters of the granting nodes that minted less (it counts once a
 ///   majority acknowledged it, the node that minted it included); short of
-///   that the grant is undone and the acquire answers
-///   [`Error::Unavailable`].
+///   that, or when the acknowledgements come only after the validity, the
+///   grant is undone and the acquire answers [`Error::Unavailable`];
+/// * a re-entry (the same owner asking again, as a retried attempt whose
+///   answer was lost would) answers its grant's token when every node
+///   answers it: it waits for all of them, up to half its validity. Each
+///   node answers its counter; with all of them, the rule above gives the
+///   grant's token back, and with fewer it cannot be told apart from
+///   them. With a node silent past that wait, it answers the largest
+///   counter of the majority, written back: at least its grant's token,
+///   and below every later holder's. On every Redis store the counters are
+///   per fencing bucket, so a re-entry after another lock of the same
+///   bucket was granted answers a larger token (still valid for the
+///   hold). A guard's own re-entry ([`LockGuard::reenter`](crate::LockGuard::reenter))
+///   sends nothing to the store and always keeps the token.
 ///
 /// Any two majorities share a node, so tokens increase
 /// *while a majority keeps its data*. They do not survive more than a
@@ -122,6 +140,21 @@ impl RedlockStore {
                 "only {answered} of {} Redlock nodes answered; {} needed",
                 self.nodes.len(),
                 self.quorum
+            )
+            .into(),
+        }
+    }
+
+    /// A grant that counted (`what` happened on a majority) only after
+    /// `took`, past its validity (`lease` minus drift): nobody holds the
+    /// lock, so it is no contention; the store is too slow for this lease.
+    fn too_late(&self, key: &LockKey, what: &str, took: Duration, lease: Duration) -> Error {
+        Error::Unavailable {
+            op: Operation::Acquire,
+            key: Some(key.clone()),
+            source: format!(
+                "{what} on a majority of the Redlock nodes only after {took:?}, \
+                 past the validity of the {lease:?} lease"
             )
             .into(),
         }
