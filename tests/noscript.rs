@@ -11,7 +11,7 @@ mod support;
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::topology::start_independent;
+use support::topology::{Cluster, start_independent};
 use support::{RedisServer, stores};
 use tower_redis_lock::{
     AcquireOutcome, FencingToken, LockKey, LockStore, OwnerToken, RedisStore, Renewal,
@@ -374,5 +374,69 @@ async fn redlock_write_back_and_rollback_reload_their_scripts() {
             Some(&b"someone-else"[..]),
             "node {i}"
         );
+    }
+}
+
+/// On a Cluster the script is reloaded where the call goes, the primary
+/// of its slot (issue 21): `SCRIPT LOAD` as a plain command goes to every
+/// node the cluster connection knows, so one frozen node failed every
+/// reload until the command timeout. Three primaries with a replica
+/// each, and a node timeout longer than the test (no failover); after
+/// `SCRIPT FLUSH` everywhere, with a replica and the primary of another
+/// slot frozen, a grant, a renewal (one and a batch) and a release each
+/// meet `NOSCRIPT` and answer (an answer at all is within the command
+/// timeout: the store cuts every call there). Fails on the old reload by
+/// the frozen primary: the grant times out. (The client holds no
+/// connection to replicas, as the store never reads from them, so a
+/// frozen replica alone did not stall the old reload either.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_reloads_a_script_only_on_the_calls_primary() {
+    let cluster = Cluster::start_with_replicas(3, 1, &["--cluster-node-timeout", "600000"]);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let store = RedisStore::cluster_builder(&urls)
+        .command_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    connect(&store).await;
+    let (k, owner) = (key("cluster-reload"), OwnerToken::generate());
+    let home = cluster.node_for_slot(cluster.slot_of(&store.lock_key(&k)));
+    let replica = cluster.replica_indices();
+    assert_eq!(replica.len(), 3, "{}", cluster.diagnostics());
+    let other = (0..cluster.nodes.len())
+        .find(|i| *i != home && !replica.contains(i))
+        .unwrap();
+    let frozen = [replica[0], other];
+    let flush = || {
+        for (i, node) in cluster.nodes.iter().enumerate() {
+            if !frozen.contains(&i) {
+                flush_scripts(node);
+            }
+        }
+    };
+    flush();
+    for i in frozen {
+        cluster.nodes[i].freeze();
+    }
+    let granted = store.acquire(&k, &owner, LEASE).await;
+    assert!(
+        matches!(granted, Ok(AcquireOutcome::Granted(_))),
+        "{granted:?}"
+    );
+    reloaded(&cluster.nodes[home], 1);
+    flush();
+    assert!(store.extend(&k, &owner, LEASE).await.unwrap());
+    flush();
+    let renewal = Renewal {
+        key: k.clone(),
+        owner: owner.clone(),
+        lease: LEASE,
+    };
+    let many = store.extend_many(&[renewal]).await;
+    assert!(matches!(many[..], [Ok(true)]), "{many:?}");
+    flush();
+    assert!(store.release(&k, &owner).await.unwrap());
+    for i in frozen {
+        cluster.nodes[i].thaw();
     }
 }

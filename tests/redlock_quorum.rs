@@ -8,12 +8,18 @@ mod support;
 
 use std::time::Duration;
 
+use bytes::Bytes;
+use support::delay::DelayProxy;
 use support::topology::start_independent;
 use support::{RedisServer, eventually, stores};
 use tokio::time::timeout;
-use tower_redis_lock::{AcquireOutcome, LockKey, LockStore, Locker, OwnerToken, RedlockStore};
+use tower_redis_lock::{
+    AcquireOutcome, Error, LockKey, LockStore, Locker, OwnerToken, RedlockStore, Renewal,
+};
 
 const HOUR: Duration = Duration::from_secs(3600);
+/// A fencing counter far above Redis `TIME` in µs (the token's node).
+const AHEAD: &str = "5000000000000000";
 /// Only a hang guard.
 const GUARD: Duration = Duration::from_secs(30);
 
@@ -62,6 +68,57 @@ async fn a_frozen_minority_holds_back_neither_the_grant_nor_the_release() {
     })
     .await;
     assert!(unlocked, "a straggler's grant was left behind");
+}
+
+/// The owner-checked writes answer at a quorum too (issue 21: what else
+/// waited for every node): with two nodes of five frozen, a renewal, a
+/// batch of renewals and a finish each answer from the other three, and
+/// the frozen nodes run theirs when they are back (no lock left there).
+/// (They waited for every node, here an hour: the hang guard failed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_minority_holds_back_no_renewal_and_no_finish() {
+    let servers = start_independent(5);
+    let store = stores::redlock_over(&servers, HOUR);
+    let (k, owner) = (key("renewals"), OwnerToken::generate());
+    connect(&store).await;
+    let outcome = store.acquire(&k, &owner, HOUR).await.unwrap();
+    assert!(matches!(outcome, AcquireOutcome::Granted(_)), "{outcome:?}");
+    servers[3].freeze();
+    servers[4].freeze();
+    let extended = timeout(GUARD, store.extend(&k, &owner, HOUR))
+        .await
+        .expect("the renewal waited for the frozen nodes");
+    assert!(extended.unwrap());
+    let renewal = Renewal {
+        key: k.clone(),
+        owner: owner.clone(),
+        lease: HOUR,
+    };
+    let many = timeout(GUARD, store.extend_many(&[renewal]))
+        .await
+        .expect("the batch waited for the frozen nodes");
+    assert!(matches!(many[..], [Ok(true)]), "{many:?}");
+    let finished = timeout(
+        GUARD,
+        store.finish(&k, &owner, Bytes::from_static(b"done"), HOUR),
+    )
+    .await
+    .expect("the finish waited for the frozen nodes");
+    assert!(finished.unwrap());
+    servers[3].thaw();
+    servers[4].thaw();
+    let unlocked = eventually(GUARD, async || {
+        (3..5).all(|i| !exists(&servers, &store, &k, i))
+    })
+    .await;
+    assert!(
+        unlocked,
+        "the queued finish did not release the frozen nodes"
+    );
+    assert_eq!(
+        store.read_record(&k).await.unwrap(),
+        Some(Bytes::from_static(b"done"))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,4 +230,102 @@ async fn an_earlier_attempts_late_release_never_takes_a_later_attempts_lock() {
     }
     assert!(guard.is_held());
     guard.release().await.unwrap();
+}
+
+/// Three nodes; node 0 answers at once, node 1 through a proxy that holds
+/// its answers back, node 2 directly. Connected while nobody is slow.
+async fn one_fast_one_slow_one_direct() -> (Vec<RedisServer>, DelayProxy, RedlockStore) {
+    let servers = start_independent(3);
+    let proxy = DelayProxy::start(servers[1].addr(), Duration::ZERO).await;
+    let urls = [servers[0].url(), proxy.url(), servers[2].url()];
+    let store = stores::redlock_over_urls(&urls, HOUR);
+    connect(&store).await;
+    (servers, proxy, store)
+}
+
+/// Issue 21 #6: three nodes, node 2 frozen, node 1 answering `LATE` late,
+/// lease 1.95 × `LATE`. The majority {0, 1} grants with about 0.93 ×
+/// `LATE` of validity left (2 s: room for a loaded machine's stalls), so
+/// the acquire must hold. (Node 1's counter is far
+/// ahead, so that the token's write-back goes to node 0, the fast one: a
+/// write-back through the slow node would take the rest of the validity.) (It was refused — `Held {
+/// remaining: None }`, a 409 with nobody holding the lock — because the
+/// grant waited "as long again" for node 2 and measured the elapsed time
+/// only then, by when the wait alone had eaten the validity.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_that_granted_in_time_holds_while_a_minority_is_slow_and_frozen() {
+    const LATE: Duration = Duration::from_secs(2);
+    let lease = LATE * 39 / 20;
+    let (servers, proxy, store) = one_fast_one_slow_one_direct().await;
+    let (k, owner) = (key("slow-minority"), OwnerToken::generate());
+    let fence = store.nodes()[1].fence_key(&k);
+    servers[1].cmd(&["SET", &fence, AHEAD]);
+    servers[2].freeze();
+    proxy.set_delay(LATE);
+    let outcome = timeout(GUARD, store.acquire(&k, &owner, lease))
+        .await
+        .expect("the grant waited for the frozen node")
+        .unwrap();
+    assert!(
+        matches!(outcome, AcquireOutcome::Granted(_)),
+        "a majority granted within the lease, yet: {outcome:?}"
+    );
+    assert!(exists(&servers, &store, &k, 0) && exists(&servers, &store, &k, 1));
+    assert!(store.release(&k, &owner).await.unwrap());
+    servers[2].thaw();
+}
+
+/// A grant whose majority answers only after the lease (nodes 1 and 2
+/// answer `LATE` late, the lease is shorter) has no validity left: nobody
+/// holds the lock, so it is not contention but an unavailable store
+/// (`Unavailable`, a 503), never `Held`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_that_answers_after_the_lease_is_unavailable_not_held() {
+    const LATE: Duration = Duration::from_secs(1);
+    let servers = start_independent(3);
+    let proxies = [
+        DelayProxy::start(servers[1].addr(), Duration::ZERO).await,
+        DelayProxy::start(servers[2].addr(), Duration::ZERO).await,
+    ];
+    let urls = [servers[0].url(), proxies[0].url(), proxies[1].url()];
+    let store = stores::redlock_over_urls(&urls, HOUR);
+    connect(&store).await;
+    for p in &proxies {
+        p.set_delay(LATE);
+    }
+    let (k, owner) = (key("too-slow"), OwnerToken::generate());
+    let outcome = timeout(GUARD, store.acquire(&k, &owner, LATE / 2))
+        .await
+        .expect("the grant hung");
+    assert!(
+        matches!(outcome, Err(Error::Unavailable { .. })),
+        "a grant without validity left must be Unavailable: {outcome:?}"
+    );
+}
+
+/// The token counts only once a majority holds it: node 0's counter is
+/// far ahead, so nodes 1 and 2 need the write-back. Node 2 is frozen and
+/// node 1 answers `LATE` late: the grant by {0, 1} comes in time (lease
+/// 1.5 × `LATE`), but the write-back to node 1 answers only after the
+/// lease. The grant counted after its validity: undone, `Unavailable`
+/// (a guard handed out then would be lost from the start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_back_that_ends_after_the_validity_is_no_grant() {
+    const LATE: Duration = Duration::from_secs(1);
+    let (servers, proxy, store) = one_fast_one_slow_one_direct().await;
+    let k = key("slow-write-back");
+    let fence = store.nodes()[0].fence_key(&k);
+    servers[0].cmd(&["SET", &fence, AHEAD]);
+    servers[2].freeze();
+    proxy.set_delay(LATE);
+    let owner = OwnerToken::generate();
+    let outcome = timeout(GUARD, store.acquire(&k, &owner, LATE * 3 / 2))
+        .await
+        .expect("the grant hung");
+    assert!(
+        matches!(outcome, Err(Error::Unavailable { .. })),
+        "a token that counted after the validity must be no grant: {outcome:?}"
+    );
+    assert!(!exists(&servers, &store, &k, 0), "not undone on node 0");
+    servers[2].thaw();
 }

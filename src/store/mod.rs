@@ -75,8 +75,14 @@ pub struct Renewal {
 /// whose answer was lost expires after its lease).
 pub trait LockStore: Send + Sync + 'static {
     /// Grants `key` to `owner` for `lease` if it is free or already held by
-    /// `owner` (which keeps its fencing token), minting the fencing token in
-    /// the same atomic step.
+    /// `owner`, minting the fencing token in the same atomic step. Already
+    /// held by `owner` (a retried attempt whose answer was lost), the
+    /// answer is a token valid for that hold: at least its grant's and
+    /// below every later holder's; its grant's on the memory store, and on
+    /// the Redis stores unless another lock of its fencing bucket was
+    /// granted since (see [`RedlockStore`](crate::RedlockStore) for when
+    /// Redlock can tell). The engine never does this: each attempt has a
+    /// fresh owner, and a guard's re-entry sends nothing to the store.
     fn acquire(
         &self,
         key: &LockKey,

@@ -18,17 +18,23 @@ use quorum::{gather, tally};
 ///
 /// * a grant asks every node in parallel and holds when a majority
 ///   (N/2 + 1) granted within the validity `lease − elapsed − (lease/100 +
-///   2 ms)`; otherwise it releases everywhere and reports the lock held (or
-///   the store unavailable, when too few nodes answered to ever reach a
-///   majority — the layer then fails closed). It answers as soon as a
+///   2 ms)`, `elapsed` measured when the majority answered (nothing done
+///   after that, such as waiting for the other nodes, turns a grant made
+///   in time into a refusal); otherwise it releases everywhere and reports
+///   the lock held when other owners hold it, or the store unavailable
+///   when too few nodes answered to ever reach a majority, or when the
+///   majority granted only after the validity (nobody holds the lock: it
+///   is no contention, the nodes are too slow for the lease) — the layer
+///   then fails closed. It answers as soon as a
 ///   majority granted (or too many refused): the nodes still working
 ///   finish in the background, where a late grant of a lock that counts
 ///   stays (the release goes to every node, behind it on that node's
 ///   connection) and one of a lock that does not count is released at
 ///   once, owner-checked;
-/// * renewals and releases go to every node; a renewal holds when a
-///   majority extended; a release answers at a majority (the other nodes
-///   release in the background);
+/// * renewals, releases and finishes go to every node and answer at a
+///   majority (a renewal holds when a majority extended; each renewal of
+///   a batch is decided on its own): the other nodes do theirs in the
+///   background, so a frozen minority holds none of them back;
 /// * an owner-checked write (extend, release, finish) answers `Ok(true)` on
 ///   a majority of yes, `Ok(false)` ("not the owner") only when definite
 ///   refusals leave no majority possible, and otherwise
@@ -59,15 +65,28 @@ use quorum::{gather, tally};
 ///
 /// * when every node granted with a fresh mint (the usual case: the grant
 ///   waits for the nodes after the majority's answers as long again as the
-///   majority took), the token is the majority-th largest mint: a majority
+///   majority took, and at most half the validity left), the token is the
+///   majority-th largest mint: a majority
 ///   minted it or more, and the nodes that minted it or less are enough to
 ///   share one with the majority of the last counted token, so it is above
 ///   that one. Nothing is written back;
 /// * otherwise the token is the largest of the majority's, written back to
 ///   the counters of the granting nodes that minted less (it counts once a
 ///   majority acknowledged it, the node that minted it included); short of
-///   that the grant is undone and the acquire answers
-///   [`Error::Unavailable`].
+///   that, or when the acknowledgements come only after the validity, the
+///   grant is undone and the acquire answers [`Error::Unavailable`];
+/// * a re-entry (the same owner asking again, as a retried attempt whose
+///   answer was lost would) answers its grant's token when every node
+///   answers it: it waits for all of them, up to half its validity. Each
+///   node answers its counter; with all of them, the rule above gives the
+///   grant's token back, and with fewer it cannot be told apart from
+///   them. With a node silent past that wait, it answers the largest
+///   counter of the majority, written back: at least its grant's token,
+///   and below every later holder's. On every Redis store the counters are
+///   per fencing bucket, so a re-entry after another lock of the same
+///   bucket was granted answers a larger token (still valid for the
+///   hold). A guard's own re-entry ([`LockGuard::reenter`](crate::LockGuard::reenter))
+///   sends nothing to the store and always keeps the token.
 ///
 /// Any two majorities share a node, so tokens increase
 /// *while a majority keeps its data*. They do not survive more than a
@@ -127,6 +146,39 @@ impl RedlockStore {
         }
     }
 
+    /// A grant that counted (`what` happened on a majority) only after
+    /// `took`, past its validity (`lease` minus drift): nobody holds the
+    /// lock, so it is no contention; the store is too slow for this lease.
+    fn too_late(&self, key: &LockKey, what: &str, took: Duration, lease: Duration) -> Error {
+        Error::Unavailable {
+            op: Operation::Acquire,
+            key: Some(key.clone()),
+            source: format!(
+                "{what} on a majority of the Redlock nodes only after {took:?}, \
+                 past the validity of the {lease:?} lease"
+            )
+            .into(),
+        }
+    }
+
+    /// Runs the owner-checked write `op` on every node at once and answers
+    /// `(yes, no)` once a quorum said yes or refusals leave none possible
+    /// (or every node answered); the other nodes finish in the background,
+    /// so a frozen minority holds the answer back by nothing.
+    async fn at_quorum<F>(&self, op: impl Fn(RedisStore) -> F) -> (usize, usize)
+    where
+        F: Future<Output = Result<bool, Error>> + Send + 'static,
+    {
+        let (n, q) = (self.nodes.len(), self.quorum);
+        let (answers, stragglers) = gather(self.indexed(), op, |a| {
+            let (yes, no) = tally(a.iter().map(|(_, r)| r));
+            yes >= q || no > n - q
+        })
+        .await;
+        quorum::in_background(stragglers, |_, _| async {});
+        tally(answers.iter().map(|(_, r)| r))
+    }
+
     /// The verdict on an owner-checked write (extend, release, finish)
     /// from `yes` nodes that did it and `no` nodes that definitely refused
     /// (not the owner): `true` on a quorum of yes, `false` only when the
@@ -173,42 +225,60 @@ impl LockStore for RedlockStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<bool, Error> {
-        let answers = join_all(self.nodes.iter().map(|n| n.extend(key, owner, lease))).await;
-        let (yes, no) = tally(&answers);
+        let (k, o) = (key.clone(), owner.clone());
+        let (yes, no) = self
+            .at_quorum(move |node| {
+                let (k, o) = (k.clone(), o.clone());
+                async move { node.extend(&k, &o, lease).await }
+            })
+            .await;
         self.verdict(Operation::Extend, key, yes, no)
     }
 
     async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
-        let per_node = join_all(self.nodes.iter().map(|n| n.extend_many(renewals))).await;
+        // Decided once every renewal of the batch is (a quorum of yes, or
+        // refusals leaving none possible); the other nodes renew in the
+        // background.
+        let (n, q) = (self.nodes.len(), self.quorum);
+        let batch: Arc<[Renewal]> = renewals.into();
+        let each = |per_node: &[(usize, Vec<Result<bool, Error>>)], i: usize| {
+            tally(per_node.iter().filter_map(|(_, answers)| answers.get(i)))
+        };
+        let (per_node, stragglers) = gather(
+            self.indexed(),
+            move |node| {
+                let batch = batch.clone();
+                async move { node.extend_many(&batch).await }
+            },
+            |a| {
+                (0..renewals.len()).all(|i| {
+                    let (yes, no) = each(a, i);
+                    yes >= q || no > n - q
+                })
+            },
+        )
+        .await;
+        quorum::in_background(stragglers, |_, _| async {});
         renewals
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                let (yes, no) = tally(per_node.iter().filter_map(|answers| answers.get(i)));
+                let (yes, no) = each(&per_node, i);
                 self.verdict(Operation::Extend, &r.key, yes, no)
             })
             .collect()
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
-        let (n, q) = (self.nodes.len(), self.quorum);
-        let (k, o) = (key.clone(), owner.clone());
         // Decided at a quorum of yes, or when refusals leave none possible;
         // the other nodes release in the background.
-        let (answers, stragglers) = gather(
-            self.indexed(),
-            move |node| {
+        let (k, o) = (key.clone(), owner.clone());
+        let (yes, no) = self
+            .at_quorum(move |node| {
                 let (k, o) = (k.clone(), o.clone());
                 async move { node.release(&k, &o).await }
-            },
-            |a| {
-                let (yes, no) = tally(a.iter().map(|(_, r)| r));
-                yes >= q || no > n - q
-            },
-        )
-        .await;
-        quorum::in_background(stragglers, |_, _| async {});
-        let (yes, no) = tally(answers.iter().map(|(_, r)| r));
+            })
+            .await;
         self.verdict(Operation::Release, key, yes, no)
     }
 
@@ -219,13 +289,17 @@ impl LockStore for RedlockStore {
         record: Bytes,
         retention: Duration,
     ) -> Result<bool, Error> {
-        let answers = join_all(
-            self.nodes
-                .iter()
-                .map(|n| n.finish_marked(key, owner, record.clone(), retention)),
-        )
-        .await;
-        let (yes, no) = tally(&answers);
+        // Decided at a quorum, like a release: a node still working stores
+        // the record and releases in the background (a finish that
+        // counted), or has it taken back by the undo below, which is
+        // queued behind it on that node's connection and retried.
+        let (k, o) = (key.clone(), owner.clone());
+        let (yes, no) = self
+            .at_quorum(move |node| {
+                let (k, o, record) = (k.clone(), o.clone(), record.clone());
+                async move { node.finish_marked(&k, &o, record, retention).await }
+            })
+            .await;
         if yes < self.quorum {
             // Not on a majority: take back the record wherever it may have
             // been written (owner-checked: never a later holder's), and the

@@ -13,6 +13,7 @@
 //! | `resp` | [`Reply`] and the blocking one-shot RESP connection |
 //! | `info` | what a server reports (`INFO commandstats`, clients, memory, keys) |
 //! | `wait` | [`wait_until`] (blocking) and [`eventually`] (tokio clock) |
+//! | [`delay`] | [`delay::DelayProxy`]: a node that answers late (a TCP proxy holding answers back) |
 //! | [`topology`] | Sentinel sets, Redis Clusters and independent primaries |
 //! | [`stores`] | one fixture per store, for the suites run against every store |
 //! | [`postgres`] | [`postgres::PgServer`]: a throwaway PostgreSQL (`initdb` + `postgres`) |
@@ -23,6 +24,7 @@
 
 #![allow(dead_code)]
 
+pub mod delay;
 pub mod http;
 pub mod logs;
 pub mod postgres;

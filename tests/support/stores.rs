@@ -31,10 +31,18 @@ pub fn redlock(primaries: usize) -> (RedlockStore, Vec<RedisServer>) {
 
 /// Redlock over `servers`, each node's calls bounded by `command_timeout`.
 pub fn redlock_over(servers: &[RedisServer], command_timeout: Duration) -> RedlockStore {
-    let nodes = servers
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    redlock_over_urls(&urls, command_timeout)
+}
+
+/// Redlock over the nodes at `urls` (servers, or
+/// [`DelayProxy`](super::delay::DelayProxy)s in front of them), each
+/// node's calls bounded by `command_timeout`.
+pub fn redlock_over_urls(urls: &[String], command_timeout: Duration) -> RedlockStore {
+    let nodes = urls
         .iter()
-        .map(|s| {
-            RedisStore::builder(&s.url())
+        .map(|u| {
+            RedisStore::builder(u)
                 .command_timeout(command_timeout)
                 .build()
                 .unwrap()

@@ -15,6 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
 
+use super::connection::Conn;
 use super::keys::{FENCE, LOCK, Name, RECORD, RECORD_WRITER, WAITED};
 use super::{RedisStore, ms};
 use crate::store::AcquireOutcome;
@@ -29,10 +30,85 @@ pub(super) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUI
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_SRC));
 pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SRC));
 static FINISH: LazyLock<Script> = LazyLock::new(|| Script::new(FINISH_SRC));
-static RAISE_FENCE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
-static ROLLBACK: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/rollback.lua")));
+const RAISE_FENCE_SRC: &str = include_str!("scripts/raise_fence.lua");
+const ROLLBACK_SRC: &str = include_str!("scripts/rollback.lua");
+static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_SRC));
+static ROLLBACK: LazyLock<Script> = LazyLock::new(|| Script::new(ROLLBACK_SRC));
+
+/// The source of one of the scripts above (for loading it where a call
+/// goes; redis-rs keeps a `Script`'s code to itself).
+#[cfg(feature = "cluster")]
+fn source_of(script: &Script) -> &'static str {
+    let scripts: [(&Script, &'static str); 6] = [
+        (&ACQUIRE, ACQUIRE_SRC),
+        (&EXTEND, EXTEND_SRC),
+        (&RELEASE, RELEASE_SRC),
+        (&FINISH, FINISH_SRC),
+        (&RAISE_FENCE, RAISE_FENCE_SRC),
+        (&ROLLBACK, ROLLBACK_SRC),
+    ];
+    scripts
+        .into_iter()
+        .find(|(s, _)| std::ptr::eq(*s, script))
+        .map_or("", |(_, src)| src)
+}
+
+/// A connection a script can be loaded on where a call of it goes.
+pub(super) trait LoadFor: redis::aio::ConnectionLike + Send {
+    /// Loads `script` where `call` (its `EVALSHA`) goes.
+    fn load_for(
+        &mut self,
+        script: &'static Script,
+        call: &Cmd,
+    ) -> impl Future<Output = RedisResult<()>> + Send;
+}
+
+impl LoadFor for redis::aio::MultiplexedConnection {
+    async fn load_for(&mut self, script: &'static Script, _call: &Cmd) -> RedisResult<()> {
+        script.load_async(self).await.map(drop)
+    }
+}
+
+impl LoadFor for Conn {
+    fn load_for(
+        &mut self,
+        script: &'static Script,
+        call: &Cmd,
+    ) -> impl Future<Output = RedisResult<()>> + Send {
+        #[cfg(feature = "cluster")]
+        let first_key = call.args_iter().nth(3).and_then(|a| match a {
+            redis::Arg::Simple(k) => Some(k.to_vec()),
+            _ => None,
+        });
+        #[cfg(not(feature = "cluster"))]
+        let _ = call;
+        async move {
+            match self {
+                Conn::Single(c) => script.load_async(c).await.map(drop),
+                // `SCRIPT LOAD` as a plain command goes to every node the
+                // cluster connection knows: one silent node (a frozen
+                // primary of another slot) would fail the reload until the
+                // command timeout. Load it where the call goes: the
+                // primary of its first key's slot, the node that answered
+                // NOSCRIPT.
+                #[cfg(feature = "cluster")]
+                Conn::Cluster(c) => {
+                    use redis::cluster_routing::{
+                        Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+                    };
+                    let to = first_key.map_or(SingleNodeRoutingInfo::RandomPrimary, |k| {
+                        SingleNodeRoutingInfo::SpecificNode(Route::with_key(k, SlotAddr::Master))
+                    });
+                    let mut load = redis::cmd("SCRIPT");
+                    load.arg("LOAD").arg(source_of(script));
+                    c.route_command(load, RoutingInfo::SingleNode(to))
+                        .await
+                        .map(drop)
+                }
+            }
+        }
+    }
+}
 
 /// The scripts every command connection loads up front (in one round trip,
 /// so that first uses do not pay for a `NOSCRIPT` answer).
@@ -119,12 +195,9 @@ impl ScriptCall {
         }
     }
 
-    /// Sends the call; on `NOSCRIPT`, loads the script and sends it once
-    /// more (what `ScriptInvocation::invoke_async` does).
-    pub(super) async fn invoke<T: FromRedisValue>(
-        &self,
-        c: &mut impl redis::aio::ConnectionLike,
-    ) -> RedisResult<T> {
+    /// Sends the call; on `NOSCRIPT`, loads the script where the call goes
+    /// (see [`LoadFor`]) and sends it once more.
+    pub(super) async fn invoke<T: FromRedisValue>(&self, c: &mut impl LoadFor) -> RedisResult<T> {
         match self.cmd.query_async(c).await {
             // Boxed: rare, and it would otherwise grow every call's future.
             Err(e) if is_no_script(&e) => Box::pin(self.reload_and_send(c)).await,
@@ -132,11 +205,8 @@ impl ScriptCall {
         }
     }
 
-    async fn reload_and_send<T: FromRedisValue>(
-        &self,
-        c: &mut impl redis::aio::ConnectionLike,
-    ) -> RedisResult<T> {
-        self.script.load_async(c).await?;
+    async fn reload_and_send<T: FromRedisValue>(&self, c: &mut impl LoadFor) -> RedisResult<T> {
+        c.load_for(self.script, &self.cmd).await?;
         self.cmd.query_async(c).await
     }
 }

@@ -37,16 +37,34 @@ impl RedlockStore {
             },
         )
         .await;
+        // Validity is judged here, when the quorum answered: what follows
+        // (the wait for the other nodes, a write-back) may use what is
+        // left of it, never turn a grant made in time into a refusal.
+        let at_quorum = Instant::now();
+        let valid_until = start + lease.saturating_sub(drift(lease));
         // A quorum of fenced grants: if the other nodes grant too, the
         // token counts without a write-back (see `counted_without_write_back`).
         // Wait for them as long again as the quorum took (about what the
-        // write-back round would cost), no longer: a slow node is then a
+        // write-back round would cost); for a re-entry, whose token is its
+        // grant's only when every node answers, as long as it takes. Never
+        // longer than half the validity left: a slow node is then a
         // straggler, and the write-back runs as usual.
         let fenced = |a: &Result<(AcquireOutcome, bool), Error>| {
             matches!(a, Ok((AcquireOutcome::Granted(_), _)))
         };
-        if !stragglers.is_empty() && answers.len() >= q && answers.iter().all(|(_, a)| fenced(a)) {
-            let until = Instant::now() + start.elapsed();
+        if !stragglers.is_empty()
+            && answers.len() >= q
+            && at_quorum < valid_until
+            && answers.iter().all(|(_, a)| fenced(a))
+        {
+            let reentry = answers.iter().any(|(_, a)| matches!(a, Ok((_, true))));
+            let half_left = (valid_until - at_quorum) / 2;
+            let wait = if reentry {
+                half_left
+            } else {
+                (at_quorum - start).min(half_left)
+            };
+            let until = at_quorum + wait;
             while let Ok(Some(late)) = tokio::time::timeout_at(until, stragglers.next()).await {
                 let more = fenced(&late.1);
                 answers.push(late);
@@ -55,7 +73,6 @@ impl RedlockStore {
                 }
             }
         }
-        let elapsed = start.elapsed();
         // Each node's token: a fresh mint, or where the lock was ours
         // already, its counter (which holds the mint made when it was
         // taken there, see acquire.lua).
@@ -78,16 +95,22 @@ impl RedlockStore {
             .filter(|(_, a)| a.is_err() || is_granted(a))
             .map(|&(i, _)| i)
             .collect();
-        let valid = lease.saturating_sub(elapsed).saturating_sub(drift(lease));
-        let outcome = if unfenced > 0 && granted.len() + unfenced >= q && !valid.is_zero() {
+        let in_time = at_quorum < valid_until;
+        let outcome = if unfenced > 0 && granted.len() + unfenced >= q && in_time {
             // Nodes without fencing: the grant has no token (there is none
             // to write back), whatever the other nodes minted.
             Ok(AcquireOutcome::GrantedUnfenced)
-        } else if granted.len() >= q && !valid.is_zero() {
+        } else if granted.len() >= q && in_time {
             self.count_grant(key, owner, (lease, start), &granted, &maybe)
                 .await
+        } else if granted.len() + unfenced >= q {
+            // A majority granted, but only after the validity: nobody
+            // holds the lock (no contention); the store is too slow for
+            // this lease. Undone, owner-checked.
+            self.undo(&maybe, key, owner, false, start + lease).await;
+            Err(self.too_late(key, "granted", at_quorum - start, lease))
         } else {
-            // No majority (or no time left): undo, owner-checked.
+            // No majority: undo, owner-checked.
             self.undo(&maybe, key, owner, false, start + lease).await;
             let answered = granted.len() + unfenced + held.len();
             if answered < q {
@@ -174,7 +197,9 @@ impl RedlockStore {
     ///
     /// It is also the token a re-entry by every node answers again, as
     /// long as no other lock of the bucket minted meanwhile (the counters
-    /// are the grant's mints). The largest token is not safe here without
+    /// are the grant's mints) — and after a grant that wrote its token T
+    /// back, too: a majority of the counters hold T, so fewer than a
+    /// majority are below it or above it, and the quorum-th largest is T. The largest token is not safe here without
     /// a write-back: only the nodes that minted it hold it. The smallest is
     /// not safe at all: it may come from a node outside the last majority.
     /// With fewer than N tokens no choice meets both conditions, and the
@@ -216,7 +241,18 @@ impl RedlockStore {
             .unwrap_or(FencingToken::new(0));
         let acks = self.write_back(key, token, granted).await;
         if acks >= self.quorum {
-            return Ok(AcquireOutcome::Granted(token));
+            // The token counts from now: a grant that counts only after
+            // its validity would hand out a guard lost from the start.
+            if Instant::now() < start + lease.saturating_sub(drift(lease)) {
+                return Ok(AcquireOutcome::Granted(token));
+            }
+            self.undo(maybe, key, owner, false, start + lease).await;
+            return Err(self.too_late(
+                key,
+                "the fencing token written back",
+                start.elapsed(),
+                lease,
+            ));
         }
         self.undo(maybe, key, owner, false, start + lease).await;
         Err(Error::Unavailable {

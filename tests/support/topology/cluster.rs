@@ -21,13 +21,21 @@ impl Cluster {
         Cluster::start_with(n_primaries, &[])
     }
 
-    /// [`Cluster::start`] with `extra` arguments for every node's `redis-server`.
+    /// [`Cluster::start_with`] with `extra` arguments for every node's
+    /// `redis-server`.
     pub fn start_with(n_primaries: usize, extra: &[&str]) -> Cluster {
+        Cluster::start_with_replicas(n_primaries, 0, extra)
+    }
+
+    /// `n_primaries` primaries with `replicas` replicas each (`redis-cli
+    /// --cluster-replicas`); [`Cluster::replica_indices`] tells which nodes
+    /// are replicas.
+    pub fn start_with_replicas(n_primaries: usize, replicas: usize, extra: &[&str]) -> Cluster {
         assert!(
             n_primaries >= 3,
             "a Redis Cluster needs at least 3 primaries, not {n_primaries}"
         );
-        let nodes = start_parallel(n_primaries, || {
+        let nodes = start_parallel(n_primaries * (1 + replicas), || {
             RedisServer::start_launch(|_, _| {
                 let bus_port = free_port().to_string();
                 let args = [
@@ -55,10 +63,21 @@ impl Cluster {
                 .iter()
                 .map(|node| format!("127.0.0.1:{}", node.port())),
         );
-        args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        args.extend([
+            "--cluster-replicas".to_string(),
+            replicas.to_string(),
+            "--cluster-yes".to_string(),
+        ]);
         cluster.redis_cli(&args);
         cluster.wait_ok("cluster create");
         cluster
+    }
+
+    /// Indices in `nodes` of the replicas (by `ROLE`).
+    pub fn replica_indices(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| matches!(role(&self.nodes[i]), Ok(Role::Replica { .. })))
+            .collect()
     }
 
     /// `redis://127.0.0.1:<port>/` of each node.
