@@ -167,7 +167,10 @@ impl KeyFrom {
     /// value that does not parse or is not UTF-8 once decoded; 500 for a
     /// type `Path` cannot read (a struct, a sequence). `T` must write one
     /// JSON text per value with `Serialize` (any derived type; not a
-    /// `HashMap`).
+    /// `HashMap`). A value that keys as nothing (an empty string, a float
+    /// `NaN` or infinity, which serialize as `null`) is no key: the
+    /// [`OnMissingKey`](super::OnMissingKey) answer (400 by default; with
+    /// `PassThrough`, such requests run unlocked).
     ///
     /// ```
     /// use axum::{Router, extract::Path, routing::post};
@@ -220,7 +223,10 @@ impl KeyFrom {
     /// A request that gives the parameter twice (`?id=a&id=b`, also as
     /// `?id=a&i%64=b`) is refused with 400, as a derived `Query<Params>`
     /// refuses it; one whose value does not parse as `T` gets `Query`'s
-    /// 400.
+    /// 400. A missing parameter, an empty value (`?id=`) or one that keys
+    /// as nothing (`NaN`) is no key: the [`OnMissingKey`](super::OnMissingKey)
+    /// answer (400 by default; with `PassThrough`, such requests run
+    /// unlocked).
     ///
     /// ```
     /// use axum::{Router, extract::Query, routing::post};
