@@ -1003,3 +1003,15 @@ async fn a_rejection_hook_shapes_every_refusal_and_the_default_names_no_key() {
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{r:?}");
     assert_eq!(r.headers[CONTENT_TYPE], "application/json");
 }
+
+/// `LockLayer::new` runs the builder's checks: a setting `build` refuses
+/// is never left to the request path.
+#[test]
+#[should_panic(expected = "wait_timeout")]
+fn lock_layer_new_refuses_what_the_builder_refuses() {
+    let locker = Locker::builder(MemoryStore::new())
+        .wait_timeout(Duration::from_secs(25 * 3600))
+        .build()
+        .unwrap();
+    let _ = LockLayer::new(locker, KeyFrom::path_param::<u64>("id"));
+}

@@ -292,3 +292,36 @@ async fn an_acquire_queued_behind_a_local_waiter_is_contended() {
         assert_eq!(waiter.field("contended"), Some("true"), "{waiter:?}");
     }
 }
+
+/// A handler aborted because its lock was lost is refused like any other
+/// request the layer answers itself: one DEBUG line (and one count), never
+/// an exit of its own that skips them.
+#[tokio::test(start_paused = true)]
+async fn a_handler_aborted_on_loss_is_logged_as_a_refusal() {
+    let (seen, _guard) = Capture::install();
+    let store = MemoryStore::new();
+    let locker = Locker::builder(store.clone())
+        .lease(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let layer = LockLayer::builder(locker, KeyFrom::path_param::<u64>("id"))
+        .namespace("orders")
+        .on_lock_lost(tower_redis_lock::OnLockLost::Abort)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/orders/{id}", post(std::future::pending::<&'static str>))
+        .layer(layer);
+    let k = LockKey::new("orders", "9").unwrap();
+    let (reply, ()) = tokio::join!(send(&app, post_to("/orders/9")), async {
+        while !store.is_locked(&k) {
+            tokio::task::yield_now().await;
+        }
+        // Gone behind the holder's back: its next renewal finds out.
+        assert!(store.lose(&k));
+    });
+    reply.problem(StatusCode::SERVICE_UNAVAILABLE);
+    let refused = seen.events_with("request refused by the lock layer");
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].0, Level::DEBUG);
+}

@@ -28,6 +28,7 @@
 //! ```
 
 mod body;
+mod config;
 mod extract;
 mod future;
 pub(crate) mod idempotency;
@@ -39,12 +40,11 @@ mod replay;
 mod service;
 
 pub use body::ResponseBody;
+pub use config::{FENCING_TOKEN, OnLockLost, OnMissingKey, OnStoreError};
 pub use extract::{MissingFencingToken, MissingLockGuard};
 pub use future::ResponseFuture;
 pub use idempotency::{Fingerprint, IDEMPOTENT_REPLAYED, Idempotency, MAX_RETENTION};
 pub use key::KeyFrom;
-pub use layer::{
-    FENCING_TOKEN, LockLayer, LockLayerBuilder, OnLockLost, OnMissingKey, OnStoreError,
-};
+pub use layer::{LockLayer, LockLayerBuilder};
 pub use problem::{PROBLEM_JSON, Problem};
 pub use service::Lock;

@@ -10,7 +10,6 @@ use super::idempotency::{
     IDEMPOTENT_REPLAYED, Idempotency, REPRESENTATION_HEADERS, describes_bytes,
 };
 use super::problem::Problem;
-use super::service::reject;
 use crate::{LockGuard, LockKey, Record};
 
 /// The stored answer of a completed request, or 422 when the key comes back
@@ -19,17 +18,15 @@ pub(super) fn replay<B>(
     record: Record,
     fingerprint: Option<[u8; 32]>,
     key: &LockKey,
-) -> Response<ResponseBody<B>> {
+) -> Result<Response<ResponseBody<B>>, Problem> {
     if let (Some(stored), Some(now)) = (record.fingerprint, fingerprint)
         && stored != now
     {
-        return reject(
-            Problem::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "this idempotency key was already used with a different request",
-            ),
-            Some(key),
-        );
+        return Err(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "this idempotency key was already used with a different request",
+        )
+        .key(Some(key)));
     }
     tracing::debug!(key = %key, status = record.status.as_u16(), "replaying a completed request");
     crate::observe::replayed(record.status.as_u16());
@@ -52,7 +49,7 @@ pub(super) fn replay<B>(
         h.append(name, value);
     }
     h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    res
+    Ok(res)
 }
 
 /// Buffers the response body (up to the stored-body limit), stores the
@@ -65,7 +62,7 @@ pub(super) async fn finish<B>(
     guard: LockGuard,
     res: Response<B>,
     fingerprint: Option<[u8; 32]>,
-) -> Response<ResponseBody<B>>
+) -> Result<Response<ResponseBody<B>>, Problem>
 where
     B: http_body::Body<Data = Bytes>,
 {
@@ -84,13 +81,11 @@ where
             // The response failed mid-body: store nothing, free the key.
             let key = guard.key().clone();
             let _ = guard.release().await;
-            return reject(
-                Problem::new(
-                    StatusCode::BAD_GATEWAY,
-                    "the handler's response body failed",
-                ),
-                Some(&key),
-            );
+            return Err(Problem::new(
+                StatusCode::BAD_GATEWAY,
+                "the handler's response body failed",
+            )
+            .key(Some(&key)));
         };
         match frame.into_data() {
             Ok(data) => {
@@ -142,12 +137,15 @@ where
              status, headers and trailers are stored once it ends"
         );
         let body = ResponseBody::finish_at_end(buf, body, guard, record, idem.retention);
-        return Response::from_parts(parts, body);
+        return Ok(Response::from_parts(parts, body));
     }
     record.body = buf.clone();
     if let Some(t) = &trailers {
         record.trailers = fields(t);
     }
     store_and_release(guard, record, idem.retention).await;
-    Response::from_parts(parts, ResponseBody::full_with_trailers(buf, trailers))
+    Ok(Response::from_parts(
+        parts,
+        ResponseBody::full_with_trailers(buf, trailers),
+    ))
 }

@@ -1,4 +1,7 @@
-//! The `Lock` service: what happens to each request.
+//! The `Lock` service: what happens to each request, in four steps — find
+//! the key, take the lock, run the service, complete — each of which may
+//! refuse the request with a [`Problem`]; [`refuse`] is the one place that
+//! turns a refusal into the answer.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -11,10 +14,10 @@ use sha2::{Digest, Sha256};
 use tower_service::Service;
 
 use super::body::ResponseBody;
+use super::config::{Config, OnLockLost, OnMissingKey, OnStoreError};
 use super::future::ResponseFuture;
 use super::idempotency::{Fingerprint, Record};
 use super::key::route_namespace;
-use super::layer::{Config, OnLockLost, OnMissingKey, OnStoreError};
 use super::problem::Problem;
 use super::replay::{finish, replay};
 use crate::{Acquired, BoxError, Error, FencingToken, LockGuard, LockKey, LockStore};
@@ -98,58 +101,61 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let config = self.config.clone();
         ResponseFuture::new(async move {
-            let res = handle(config.clone(), inner, req).await?;
-            Ok(shape(&config, res).await)
+            let c = &*config;
+            match steps(c, inner, req).await {
+                Ok(res) => Ok(res),
+                Err(Exit::Refused(p)) => Ok(refuse(c, p).await),
+                Err(Exit::Failed(e)) => Err(e),
+            }
         })
     }
 }
 
-/// Marks a refusal of the layer's own, for [`shape`].
-#[derive(Clone)]
-struct Refused(Problem);
+/// How a request leaves the steps early: refused by the layer, or failed
+/// in the inner service (its error is the service's own).
+enum Exit<E> {
+    Refused(Problem),
+    Failed(E),
+}
 
-/// Left by [`shape`] on every refusal it shapes, whatever its final status
-/// or body (the user's hook may pick any): an idempotent layer around this
-/// one never stores it as a request's final answer. A refusal (contention,
-/// the store unavailable, a bad key) says nothing about the request's
-/// outcome; stored, it would answer every later delivery for the whole
-/// retention, and the event would never run.
+impl<E> From<Problem> for Exit<E> {
+    fn from(p: Problem) -> Self {
+        Exit::Refused(p)
+    }
+}
+
+/// Left on every answer [`refuse`] gives, whatever its final status or body
+/// (the user's hook may pick any): an idempotent layer around this one
+/// never stores it as a request's final answer. A refusal (contention, the
+/// store unavailable, a bad key) says nothing about the request's outcome;
+/// stored, it would answer every later delivery for the whole retention,
+/// and the event would never run.
 #[derive(Clone, Copy)]
 struct Refusal;
-
-/// A refusal's default answer; [`shape`] gives it its final form.
-fn problem<B>(p: Problem) -> Response<ResponseBody<B>> {
-    let mut res = p.response(ResponseBody::full(p.body(false)));
-    res.extensions_mut().insert(Refused(p));
-    res
-}
 
 /// Largest body of a rejection hook's answer.
 const MAX_HOOK_BODY: usize = 64 << 10;
 
-/// Every refusal passes here: the user's rejection hook, or the default
-/// problem body (with the lock key if the layer exposes it).
-async fn shape<St, B>(
-    c: &Config<St>,
-    mut res: Response<ResponseBody<B>>,
-) -> Response<ResponseBody<B>> {
-    let Some(Refused(p)) = res.extensions_mut().remove::<Refused>() else {
-        return res;
-    };
-    let mut res = shaped(c, p, res).await;
+/// Every refusal of the layer ends here: counted, logged at DEBUG, and
+/// answered by the user's rejection hook or the default problem body (with
+/// the lock key if the layer exposes it), marked as a [`Refusal`].
+async fn refuse<St, B>(c: &Config<St>, p: Problem) -> Response<ResponseBody<B>> {
+    crate::observe::refused(p.status().as_u16());
+    tracing::debug!(
+        status = p.status().as_u16(),
+        key = p.lock_key().unwrap_or("-"),
+        detail = %p.detail(),
+        "request refused by the lock layer"
+    );
+    let mut res = answer(c, &p).await;
     res.extensions_mut().insert(Refusal);
     res
 }
 
-/// A refusal's final form: the user's rejection hook, or the default
-/// problem body (with the lock key if the layer exposes it).
-async fn shaped<St, B>(
-    c: &Config<St>,
-    p: Problem,
-    res: Response<ResponseBody<B>>,
-) -> Response<ResponseBody<B>> {
+/// A refusal's answer: the hook's, or the default problem body.
+async fn answer<St, B>(c: &Config<St>, p: &Problem) -> Response<ResponseBody<B>> {
     if let Some(hook) = &c.on_rejection {
-        let (parts, body) = hook(&p).into_parts();
+        let (parts, body) = hook(p).into_parts();
         match axum::body::to_bytes(body, MAX_HOOK_BODY).await {
             Ok(bytes) => return Response::from_parts(parts, ResponseBody::full(bytes)),
             Err(e) => tracing::error!(
@@ -159,27 +165,29 @@ async fn shaped<St, B>(
             ),
         }
     }
-    if c.expose_lock_key && p.lock_key().is_some() {
-        return p.response(ResponseBody::full(p.body(true)));
-    }
-    res
+    let with_key = c.expose_lock_key && p.lock_key().is_some();
+    p.response(ResponseBody::full(p.body(with_key)))
 }
 
 async fn run_unlocked<S, ReqBody, ResBody>(
     mut inner: S,
     req: Request<ReqBody>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+) -> Result<Response<ResponseBody<ResBody>>, Exit<S::Error>>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
 {
-    Ok(inner.call(req).await?.map(|b| ResponseBody::inner(b, None)))
+    match inner.call(req).await {
+        Ok(res) => Ok(res.map(|b| ResponseBody::inner(b, None))),
+        Err(e) => Err(Exit::Failed(e)),
+    }
 }
 
-async fn handle<S, St, ReqBody, ResBody>(
-    config: Arc<Config<St>>,
-    mut inner: S,
+/// The request's way through the layer.
+async fn steps<S, St, ReqBody, ResBody>(
+    c: &Config<St>,
+    inner: S,
     req: Request<ReqBody>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+) -> Result<Response<ResponseBody<ResBody>>, Exit<S::Error>>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     St: LockStore,
@@ -187,11 +195,46 @@ where
     ReqBody::Error: Into<BoxError>,
     ResBody: http_body::Body<Data = Bytes>,
 {
-    let c = &*config;
-    let (mut parts, body) = req.into_parts();
+    // 1. The key (and the fingerprint).
+    let (req, key, fingerprint) = match find_key(c, req).await? {
+        Keyed::Key(req, key, fingerprint) => (req, key, fingerprint),
+        Keyed::Unlocked(req) => return run_unlocked(inner, req).await,
+    };
+    // 2. The lock, or the completed record. An enclosing lock layer's guard
+    // in the request is the scope the locker decides re-entry in (the same
+    // task-local check as for a handler that asks the locker itself), so a
+    // request handed to another task, with its extensions, still re-enters
+    // instead of waiting for its own lock.
+    let parent = req.extensions().get::<LockGuard>().cloned();
+    let guard = match take(c, &key, parent.as_ref(), fingerprint).await? {
+        Taken::Locked(guard) => guard,
+        Taken::Replayed(res) => return Ok(*res),
+        Taken::FailedOpen => return run_unlocked(inner, req).await,
+    };
+    if parent.as_ref().is_some_and(|p| p.same_grant(&guard)) {
+        return reentered(c, inner, req, guard, &key).await;
+    }
+    // 3. The service, under the lock.
+    let res = run(c, inner, req, &guard, &key).await?;
+    // 4. Its outcome stored (idempotency), and the lock released.
+    Ok(complete(c, guard, res, &key, fingerprint).await?)
+}
 
-    // 1. The key (and the fingerprint). The body is read only when the key
-    // or the fingerprint needs it, and never past the limit.
+/// What step 1 found.
+enum Keyed<B> {
+    Key(Request<B>, LockKey, Option<[u8; 32]>),
+    /// No key, and the layer passes such requests through.
+    Unlocked(Request<B>),
+}
+
+/// Step 1: the lock key, and the request fingerprint. The body is read
+/// only when the key or the fingerprint needs it, and never past the limit.
+async fn find_key<St, B>(c: &Config<St>, req: Request<B>) -> Result<Keyed<B>, Problem>
+where
+    B: http_body::Body + From<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let (mut parts, body) = req.into_parts();
     let fingerprint_body = c
         .idempotency
         .as_ref()
@@ -199,63 +242,31 @@ where
     let (id, body, fingerprint) = if let Err(refused) = c.key.check_head(&parts.headers) {
         (Err(refused), body, None)
     } else if c.key.needs_body() || fingerprint_body {
-        let bytes = match read_body(&parts, body, c.body_limit).await {
-            Ok(bytes) => bytes,
-            Err(p) => return Ok(reject(p, None)),
-        };
+        let bytes = read_body(&parts, body, c.body_limit).await?;
         let id = if c.key.needs_body() {
             c.key.id_in_body(&bytes)
         } else {
             c.key.id_in_head(&mut parts).await
         };
         let fingerprint = fingerprint_body.then(|| <[u8; 32]>::from(Sha256::digest(&bytes)));
-        (id, ReqBody::from(bytes), fingerprint)
+        (id, B::from(bytes), fingerprint)
     } else {
         (c.key.id_in_head(&mut parts).await, body, None)
     };
-    let mut req = Request::from_parts(parts, body);
-    let routed = req.extensions().get::<MatchedPath>().is_some();
-    let id = match id {
-        Ok(id) => id,
-        // Never guess which id the handler will act on (a source given
-        // twice, a dot segment, a stray `%`, a value the handler's extractor
-        // refuses…), whatever `OnMissingKey` says.
-        Err(refused) => {
-            return Ok(reject(
-                Problem::new(
-                    refused.status(),
-                    format!("{refused}: expected {}", c.key.describe()),
-                ),
-                None,
-            ));
-        }
-    };
+    let req = Request::from_parts(parts, body);
+    // Never guess which id the handler will act on (a source given twice, a
+    // dot segment, a stray `%`, a value the handler's extractor refuses…),
+    // whatever `OnMissingKey` says.
+    let id = id.map_err(|refused| {
+        Problem::new(
+            refused.status(),
+            format!("{refused}: expected {}", c.key.describe()),
+        )
+    })?;
     let Some(id) = id else {
-        // A path-parameter key on a request that matched no route: the layer
-        // sits outside routing (around a whole `Router`, or on its
-        // fallback), where no path parameter exists. Never a pass-through of
-        // its own: the inner service may be a whole router whose handlers
-        // would run unlocked.
-        let detail = if c.key.is_path_param() && !routed {
-            c.misplaced_once(|| {
-                tracing::error!(
-                    key = ?c.key,
-                    "lock layer misplaced: it sees requests before routing (around a whole \
-                     Router?), where path parameters do not exist; put it on the route with \
-                     `route_layer`. Requests without a key get the OnMissingKey answer."
-                )
-            });
-            format!(
-                "the request has no lock key: {} is only known on a matched route, and this \
-                 lock layer sits outside routing (it should be a `route_layer` on the route)",
-                c.key.describe()
-            )
-        } else {
-            format!("the request has no lock key: expected {}", c.key.describe())
-        };
         return match c.on_missing_key {
-            OnMissingKey::PassThrough => run_unlocked(inner, req).await,
-            OnMissingKey::Reject => Ok(reject(Problem::new(StatusCode::BAD_REQUEST, detail), None)),
+            OnMissingKey::PassThrough => Ok(Keyed::Unlocked(req)),
+            OnMissingKey::Reject => Err(no_key(c, &req)),
         };
     };
     let namespace = match (&c.namespace, route_namespace(req.extensions())) {
@@ -268,24 +279,61 @@ where
         // namespace of its own (`build` requires one).
         (None, None) => FALLBACK_NAMESPACE.to_owned(),
     };
-    let key = match LockKey::new(&namespace, &id[..]) {
-        Ok(key) => key,
-        Err(e) => return Ok(reject(Problem::from_error(&e, c.contention), None)),
-    };
+    let key =
+        LockKey::new(&namespace, &id[..]).map_err(|e| Problem::from_error(&e, c.contention))?;
+    Ok(Keyed::Key(req, key, fingerprint))
+}
 
-    // 2. The lock, or the completed record. An enclosing lock layer's guard
-    // in the request is the scope the locker decides re-entry in (the same
-    // task-local check as for a handler that asks the locker itself), so a
-    // request handed to another task, with its extensions, still re-enters
-    // instead of waiting for its own lock.
-    let parent = req.extensions().get::<LockGuard>().cloned();
+/// The 400 for a request without a key. A path-parameter key on a request
+/// that matched no route means the layer sits outside routing (around a
+/// whole `Router`, or on its fallback), where no path parameter exists:
+/// said once in the log, and never a pass-through of its own (the inner
+/// service may be a whole router whose handlers would run unlocked).
+fn no_key<St, B>(c: &Config<St>, req: &Request<B>) -> Problem {
+    let routed = req.extensions().get::<MatchedPath>().is_some();
+    let detail = if c.key.is_path_param() && !routed {
+        c.misplaced_once(|| {
+            tracing::error!(
+                key = ?c.key,
+                "lock layer misplaced: it sees requests before routing (around a whole \
+                 Router?), where path parameters do not exist; put it on the route with \
+                 `route_layer`. Requests without a key get the OnMissingKey answer."
+            )
+        });
+        format!(
+            "the request has no lock key: {} is only known on a matched route, and this \
+             lock layer sits outside routing (it should be a `route_layer` on the route)",
+            c.key.describe()
+        )
+    } else {
+        format!("the request has no lock key: expected {}", c.key.describe())
+    };
+    Problem::new(StatusCode::BAD_REQUEST, detail)
+}
+
+/// What step 2 found.
+enum Taken<B> {
+    Locked(LockGuard),
+    /// A completed request's stored answer.
+    Replayed(Box<Response<ResponseBody<B>>>),
+    /// The store failed, and the layer runs such requests unlocked.
+    FailedOpen,
+}
+
+/// Step 2: the lock, or the completed record.
+async fn take<St: LockStore, B>(
+    c: &Config<St>,
+    key: &LockKey,
+    parent: Option<&LockGuard>,
+    fingerprint: Option<[u8; 32]>,
+) -> Result<Taken<B>, Problem> {
     let take = async {
         match &c.idempotency {
-            Some(_) => c.locker.acquire_or_replay(&key).await,
-            None => c.locker.acquire(&key).await.map(Acquired::Locked),
+            Some(_) => c.locker.acquire_or_replay(key).await,
+            None => c.locker.acquire(key).await.map(Acquired::Locked),
         }
     };
-    let taken = match &parent {
+    let taken = match parent {
         Some(parent) => parent.scope(take).await,
         None => take.await,
     };
@@ -293,7 +341,9 @@ where
     let taken = match taken {
         Ok(Acquired::Locked(guard)) => Ok(guard),
         Ok(Acquired::Completed(raw)) => match Record::decode(raw) {
-            Some(record) => return Ok(replay(record, fingerprint, &key)),
+            Some(record) => {
+                return replay(record, fingerprint, key).map(|res| Taken::Replayed(Box::new(res)));
+            }
             None => Err(Error::Record {
                 key: key.clone(),
                 reason: "the stored record is not in a format this version reads",
@@ -301,61 +351,86 @@ where
         },
         Err(e) => Err(e),
     };
-    let guard = match taken {
-        Ok(guard) => guard,
+    match taken {
+        Ok(guard) => Ok(Taken::Locked(guard)),
         Err(e) if e.is_store_failure() && c.on_store_error == OnStoreError::FailOpen => {
             tracing::warn!(key = %key, error = %e, "lock store failed; running unlocked (fail-open)");
-            return run_unlocked(inner, req).await;
+            Ok(Taken::FailedOpen)
         }
         Err(e) => {
             if e.is_store_failure() {
                 tracing::error!(key = %key, error = %e, "lock store failed; answering 503");
             }
-            return Ok(reject(Problem::from_error(&e, c.contention), Some(&key)));
+            Err(Problem::from_error(&e, c.contention).key(Some(key)))
         }
-    };
-    // Re-entered: one more hold on the enclosing layer's grant (nested
-    // locked routes or services on the same key and store). The record, if
-    // any, is the outer layer's to store — so an idempotent layer re-enters
-    // only a lock taken by an idempotent layer: under any other, no record
-    // would be checked or stored and every duplicate would run again.
-    if parent.as_ref().is_some_and(|p| p.same_grant(&guard)) {
-        if c.idempotency.is_some()
-            && req
-                .extensions()
-                .get::<IdempotentHold>()
-                .is_none_or(|held| held.0 != key)
-        {
-            let _ = guard.release().await;
-            c.misplaced_once(|| {
-                tracing::error!(
-                    key = %key,
-                    "idempotent lock layer nested inside a lock layer on the same key that \
-                     stores no records: duplicates would run again; make the outer layer \
-                     idempotent or give the layers different namespaces"
-                )
-            });
-            return Ok(reject(
-                Problem::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "the idempotent lock layer is misconfigured: it is nested inside a lock on \
-                     the same key that stores no records",
-                ),
-                Some(&key),
-            ));
-        }
-        let token = guard.fencing_token();
-        req.extensions_mut().insert(guard.clone());
-        let mut res = guard.scope(inner.call(req)).await?;
-        if let Ok(token) = token {
-            res.headers_mut()
-                .insert(c.header.clone(), HeaderValue::from(token.get()));
-        }
-        let _ = guard.release().await;
-        return Ok(res.map(|b| ResponseBody::inner(b, None)));
     }
-    // An unfenced lock (its store mints no tokens) shows no token anywhere:
-    // no extension, no header.
+}
+
+/// Steps 3 and 4 for a re-entered lock: one more hold on the enclosing
+/// layer's grant (nested locked routes or services on the same key and
+/// store). The record, if any, is the outer layer's to store — so an
+/// idempotent layer re-enters only a lock taken by an idempotent layer:
+/// under any other, no record would be checked or stored and every
+/// duplicate would run again.
+async fn reentered<S, St, ReqBody, ResBody>(
+    c: &Config<St>,
+    mut inner: S,
+    mut req: Request<ReqBody>,
+    guard: LockGuard,
+    key: &LockKey,
+) -> Result<Response<ResponseBody<ResBody>>, Exit<S::Error>>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    if c.idempotency.is_some()
+        && req
+            .extensions()
+            .get::<IdempotentHold>()
+            .is_none_or(|held| held.0 != *key)
+    {
+        let _ = guard.release().await;
+        c.misplaced_once(|| {
+            tracing::error!(
+                key = %key,
+                "idempotent lock layer nested inside a lock layer on the same key that \
+                 stores no records: duplicates would run again; make the outer layer \
+                 idempotent or give the layers different namespaces"
+            )
+        });
+        return Err(Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the idempotent lock layer is misconfigured: it is nested inside a lock on \
+             the same key that stores no records",
+        )
+        .key(Some(key))
+        .into());
+    }
+    let token = guard.fencing_token();
+    req.extensions_mut().insert(guard.clone());
+    let res = guard.scope(inner.call(req)).await;
+    let _ = guard.release().await;
+    let mut res = res.map_err(Exit::Failed)?;
+    if let Ok(token) = token {
+        res.headers_mut()
+            .insert(c.header.clone(), HeaderValue::from(token.get()));
+    }
+    Ok(res.map(|b| ResponseBody::inner(b, None)))
+}
+
+/// Step 3: the service, with the guard and the token in the request, in the
+/// guard's scope (so that the handler re-enters when it asks the locker for
+/// the same key); its response gets the `Fencing-Token` header. An unfenced
+/// lock (its store mints no tokens) shows no token anywhere.
+async fn run<S, St, ReqBody, ResBody>(
+    c: &Config<St>,
+    mut inner: S,
+    mut req: Request<ReqBody>,
+    guard: &LockGuard,
+    key: &LockKey,
+) -> Result<Response<ResBody>, Exit<S::Error>>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
     let token = guard.fencing_token().ok();
     req.extensions_mut().insert(guard.clone());
     if let Some(token) = token {
@@ -364,9 +439,6 @@ where
     if c.idempotency.is_some() {
         req.extensions_mut().insert(IdempotentHold(key.clone()));
     }
-
-    // 3. The service, under the lock (and in its scope, so that the handler
-    // re-enters when it asks the locker for the same key).
     let fut = guard.scope(inner.call(req));
     let res = match c.on_lock_lost {
         OnLockLost::KeepRunning => fut.await,
@@ -374,10 +446,10 @@ where
             tokio::select! {
                 res = fut => res,
                 _ = guard.lost() => {
-                    let lost = Error::LockLost { key: key.clone() };
                     tracing::warn!(key = %key, fencing_token = token.map(FencingToken::get), "lock lost; handler aborted");
-                    let _ = guard.release().await;
-                    return Ok(problem(Problem::from_error(&lost, c.contention)));
+                    let _ = guard.clone().release().await;
+                    let lost = Error::LockLost { key: key.clone() };
+                    return Err(Problem::from_error(&lost, c.contention).into());
                 }
             }
         }
@@ -385,18 +457,30 @@ where
     let mut res = match res {
         Ok(res) => res,
         Err(e) => {
-            let _ = guard.release().await;
-            return Err(e);
+            let _ = guard.clone().release().await;
+            return Err(Exit::Failed(e));
         }
     };
     if let Some(token) = token {
         res.headers_mut()
             .insert(c.header.clone(), HeaderValue::from(token.get()));
     }
+    Ok(res)
+}
 
-    // 4. Record the outcome (idempotency), then release before the response
-    // leaves (so a client that got an answer finds the lock free), or when
-    // the body ends.
+/// Step 4: the outcome stored with the release (idempotency), or the lock
+/// released before the response leaves (so a client that got an answer
+/// finds the lock free), or when its body ends.
+async fn complete<St, B>(
+    c: &Config<St>,
+    guard: LockGuard,
+    res: Response<B>,
+    key: &LockKey,
+    fingerprint: Option<[u8; 32]>,
+) -> Result<Response<ResponseBody<B>>, Problem>
+where
+    B: http_body::Body<Data = Bytes>,
+{
     if c.idempotency.is_some() && guard.is_given_back() {
         // The handler released (or finished) the lock itself: it chose not
         // to leave this response as the key's outcome (see `Idempotency`).
@@ -409,7 +493,7 @@ where
         && res.extensions().get::<Refusal>().is_none()
         && (idem.store_when)(res.status())
     {
-        return Ok(finish(idem, guard, res, fingerprint).await);
+        return finish(idem, guard, res, fingerprint).await;
     }
     if c.hold_until_body_end {
         Ok(res.map(|b| ResponseBody::inner(b, Some(guard))))
@@ -449,16 +533,4 @@ fn too_large(limit: usize) -> Problem {
         StatusCode::PAYLOAD_TOO_LARGE,
         format!("the request body is larger than the {limit} bytes read to find its lock key"),
     )
-}
-
-pub(super) fn reject<B>(p: Problem, key: Option<&LockKey>) -> Response<ResponseBody<B>> {
-    let p = if key.is_some() { p.key(key) } else { p };
-    crate::observe::refused(p.status().as_u16());
-    tracing::debug!(
-        status = p.status().as_u16(),
-        key = p.lock_key().unwrap_or("-"),
-        detail = %p.detail(),
-        "request refused by the lock layer"
-    );
-    problem(p)
 }
