@@ -134,6 +134,16 @@ fn key(id: &str) -> LockKey {
     LockKey::new("orders", id).unwrap()
 }
 
+/// A memory store and a locker on it with a 3 s lease.
+fn three_second_lease() -> (MemoryStore, Locker<MemoryStore>) {
+    let store = MemoryStore::new();
+    let locker = Locker::builder(store.clone())
+        .lease(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    (store, locker)
+}
+
 /// Lets the watchdog and background tasks run (paused clock: no time passes).
 async fn settle() {
     for _ in 0..50 {
@@ -216,11 +226,7 @@ async fn a_contended_acquire_records_its_wait_and_outcome() {
 #[tokio::test(start_paused = true)]
 async fn a_lost_lock_marks_its_hold_span() {
     let (seen, _guard) = Capture::install();
-    let store = MemoryStore::new();
-    let locker = Locker::builder(store.clone())
-        .lease(Duration::from_secs(3))
-        .build()
-        .unwrap();
+    let (store, locker) = three_second_lease();
     let guard = locker.acquire(&key("3")).await.unwrap();
     assert!(store.lose(&key("3")));
     guard.lost().await;
@@ -299,11 +305,7 @@ async fn an_acquire_queued_behind_a_local_waiter_is_contended() {
 #[tokio::test(start_paused = true)]
 async fn a_handler_aborted_on_loss_is_logged_as_a_refusal() {
     let (seen, _guard) = Capture::install();
-    let store = MemoryStore::new();
-    let locker = Locker::builder(store.clone())
-        .lease(Duration::from_secs(3))
-        .build()
-        .unwrap();
+    let (store, locker) = three_second_lease();
     let layer = LockLayer::builder(locker, KeyFrom::path_param::<u64>("id"))
         .namespace("orders")
         .on_lock_lost(tower_redis_lock::OnLockLost::Abort)
