@@ -57,7 +57,7 @@ where
 }
 
 /// A rejection as a refusal: its status, and its body as the detail.
-async fn rejected(res: axum::response::Response) -> Refused {
+pub(super) async fn rejected(res: axum::response::Response) -> Refused {
     let (parts, body) = res.into_parts();
     let detail = match axum::body::to_bytes(body, MAX_DETAIL).await {
         Ok(bytes) if !bytes.is_empty() => String::from_utf8_lossy(&bytes).into_owned(),

@@ -368,3 +368,33 @@ fn body_digest_source() {
     assert_eq!(k.id_in_body(b"").unwrap(), None);
     assert_eq!(format!("{k:?}"), "KeyFrom::body_digest()");
 }
+
+/// An extractor's rejection keeps its status; its body is the refusal's
+/// detail, up to 4 KiB, and an empty or longer one gives way to the
+/// status's reason.
+#[tokio::test]
+async fn a_rejections_body_is_its_detail_and_an_empty_or_long_one_its_reason() {
+    use axum::response::IntoResponse;
+    let rejected = |res: axum::response::Response| extract::rejected(res);
+    let expect = |status: StatusCode, detail: &str| Refused::Rejected {
+        status,
+        detail: detail.to_owned(),
+    };
+    assert_eq!(
+        rejected((StatusCode::UNAUTHORIZED, "token expired").into_response()).await,
+        expect(StatusCode::UNAUTHORIZED, "token expired")
+    );
+    assert_eq!(
+        rejected(StatusCode::FORBIDDEN.into_response()).await,
+        expect(StatusCode::FORBIDDEN, "Forbidden")
+    );
+    let longest = "x".repeat(4 << 10);
+    assert_eq!(
+        rejected((StatusCode::BAD_REQUEST, longest.clone()).into_response()).await,
+        expect(StatusCode::BAD_REQUEST, &longest)
+    );
+    assert_eq!(
+        rejected((StatusCode::BAD_REQUEST, "x".repeat((4 << 10) + 1)).into_response()).await,
+        expect(StatusCode::BAD_REQUEST, "Bad Request")
+    );
+}
