@@ -312,7 +312,8 @@ async fn loss_is_reported_when_redis_is_frozen_past_the_lease() {
 async fn redis_down_is_an_error_not_a_hang() {
     let mut server = RedisServer::start();
     let l = locker(&server, 5_000, 2_000);
-    l.try_acquire(&key("warm")).await.unwrap();
+    // A grant (dropped at once) opens the connection.
+    drop(l.try_acquire(&key("warm")).await.unwrap());
     server.stop();
     let err = timeout(Duration::from_secs(10), l.acquire(&key("down")))
         .await
@@ -342,7 +343,8 @@ async fn a_frozen_redis_times_out_into_unavailable() {
             .build()
             .unwrap(),
     );
-    l.try_acquire(&key("warm")).await.unwrap();
+    // A grant (dropped at once) opens the connection.
+    drop(l.try_acquire(&key("warm")).await.unwrap());
     server.freeze();
     let res = timeout(Duration::from_secs(10), l.try_acquire(&key("ice"))).await;
     server.thaw();
@@ -364,7 +366,8 @@ async fn auth_failures_are_told_apart_from_outages() {
     }
     let url = format!("redis://:s3cret@127.0.0.1:{}/", server.port());
     let good = Locker::new(RedisStore::from_url(&url).unwrap());
-    good.try_acquire(&key("auth")).await.unwrap();
+    // The right password grants (the guard dropped at once).
+    drop(good.try_acquire(&key("auth")).await.unwrap());
 }
 
 #[tokio::test]

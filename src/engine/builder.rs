@@ -9,6 +9,7 @@ use crate::store::LockStore;
 
 /// Builds a [`Locker`]; settings are checked in [`build`](LockerBuilder::build).
 #[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct LockerBuilder<S> {
     store: S,
     opts: Options,

@@ -60,7 +60,19 @@ use crate::{Error, FencingToken, LockKey, Unfenced};
 /// # Ok(())
 /// # }
 /// ```
+///
+/// A guard left unused is a lock released at once, so the compiler warns:
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// # use tower_redis_lock::{LockKey, Locker, MemoryStore};
+/// # async fn work(locker: Locker<MemoryStore>, key: LockKey) -> Result<(), tower_redis_lock::Error> {
+/// locker.acquire(&key).await?; // the guard is dropped here: the lock with it
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
+#[must_use = "the lock is released as soon as its guard is dropped; keep the guard while the work runs"]
 pub struct LockGuard {
     shared: Arc<Hold>,
 }

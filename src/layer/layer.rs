@@ -156,6 +156,7 @@ impl<S, St> Layer<S> for LockLayer<St> {
 
 /// Builds a [`LockLayer`]; [`build`](LockLayerBuilder::build) checks the
 /// settings.
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct LockLayerBuilder<St> {
     config: Config<St>,
 }
