@@ -129,7 +129,7 @@ mod tests {
         let store = Arc::new(MemoryStore::new());
         let lease = grant(&store, &key(id), Duration::from_secs(30), None).await;
         let watchdog = Watchdog::detached();
-        watchdog.add(lease.clone(), &tokio::runtime::Handle::current());
+        watchdog.add(lease.clone());
         let end = Ending {
             lease,
             store: crate::store::BoxStore::from_arc(store.clone()),

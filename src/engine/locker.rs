@@ -1,7 +1,7 @@
 //! The lock engine: acquiring with a wait, and handing out guards.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -27,13 +27,15 @@ pub enum Acquired {
 
 /// Takes locks from a [`LockStore`] and keeps them alive.
 ///
-/// A `Locker` is cheap to clone; clones share one watchdog task that renews
-/// every lease they hold, every lease/3, in pipelined batches. The task is
-/// spawned on the runtime of the first grant. If that runtime shuts down
-/// while leases are held (a locker in a `static` shared by several
-/// `#[tokio::test]`s, or outliving a worker runtime), a task on a runtime
-/// that one of those grants was made on takes them on; if none runs any
-/// more, they are reported lost at once ([`LockGuard::lost`] resolves).
+/// A `Locker` is cheap to clone; clones share their watchdog, which renews
+/// every lease they hold, every lease/3, in pipelined batches: one task per
+/// runtime the locker grants on (usually one), spawned there with its first
+/// grant, so that a lease is renewed on the runtime it was granted on. A
+/// locker can be used from several runtimes (a `static` shared by
+/// `#[tokio::test]`s, a setup runtime, a restarted worker): when a runtime
+/// shuts down, the leases granted on it that are still held are reported
+/// lost at once ([`LockGuard::lost`] resolves); the others are not
+/// touched.
 ///
 /// ```
 /// use std::time::Duration;
@@ -73,8 +75,8 @@ pub(crate) struct Inner<S> {
     /// generic): cloning it per grant is a reference count, not a box.
     pub(crate) erased: BoxStore,
     pub(crate) opts: Options,
-    /// The renewal scheduler (made on the first grant).
-    watchdog: OnceLock<Watchdog>,
+    /// The renewal schedulers, one per runtime the locker grants on.
+    watchdogs: Mutex<Vec<Watchdog>>,
     pub(crate) next_id: AtomicU64,
     pub(crate) queues: Queues,
 }
@@ -102,7 +104,7 @@ impl<S: LockStore> Locker<S> {
                 erased: BoxStore::from_arc(store.clone()),
                 store,
                 opts,
-                watchdog: OnceLock::new(),
+                watchdogs: Mutex::default(),
                 next_id: AtomicU64::new(0),
                 queues: Queues::default(),
             }),
@@ -126,7 +128,12 @@ impl<S: LockStore> Locker<S> {
     /// stable API.
     #[doc(hidden)]
     pub fn renewing(&self) -> usize {
-        self.inner.watchdog.get().map_or(0, Watchdog::renewing)
+        let all = self
+            .inner
+            .watchdogs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        all.iter().map(Watchdog::renewing).sum()
     }
 
     /// The configured wait timeout.
@@ -215,20 +222,31 @@ impl<S: LockStore> Locker<S> {
         self.inner.queues.has_waiters(key)
     }
 
-    /// The watchdog: one table of leases for the locker's life. Its task is
-    /// spawned on the runtime of the first grant, and whenever the runtime it
-    /// ran on shuts down (a locker shared across `#[tokio::test]`s, built in
-    /// a setup runtime, or outliving a restarted worker), the table is
-    /// handed on to a task on a runtime that still runs (see
-    /// `Watchdog::add`).
-    pub(crate) fn watchdog(&self) -> &Watchdog {
-        self.inner.watchdog.get_or_init(|| {
-            Watchdog::new(
-                self.inner.store.clone(),
-                self.inner.opts.batch,
-                // Renewals due within lease/12 of each other share a batch.
-                self.inner.opts.lease / 12,
-            )
-        })
+    /// The watchdog of `runtime` (the caller's): one renewal task per
+    /// runtime the locker grants on, spawned there with its first grant, so
+    /// that a lease is renewed on the runtime it was granted on. A runtime
+    /// that shuts down takes its task along, and its leases still held are
+    /// reported lost; one that idles (kept, no longer driven) stalls only
+    /// its own leases, whose holders stall with it.
+    pub(crate) fn watchdog(&self, runtime: &tokio::runtime::Handle) -> Watchdog {
+        let mut all = self
+            .inner
+            .watchdogs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = all.iter().find(|w| w.serves(runtime)) {
+            return w.clone();
+        }
+        // (The ones whose runtime is gone have nothing left to renew.)
+        all.retain(|w| !w.is_ended());
+        let w = Watchdog::start(
+            self.inner.store.clone(),
+            runtime,
+            self.inner.opts.batch,
+            // Renewals due within lease/12 of each other share a batch.
+            self.inner.opts.lease / 12,
+        );
+        all.push(w.clone());
+        w
     }
 }

@@ -279,8 +279,8 @@ impl<S: LockStore> Locker<S> {
         ));
         // (Looked up only now: an attempt that finds the lock held
         // needs no watchdog.)
-        let watchdog = self.watchdog().clone();
-        watchdog.add(lease.clone(), &runtime);
+        let watchdog = self.watchdog(&runtime);
+        watchdog.add(lease.clone());
         tracing::debug!(
             key = %key,
             fencing_token = token.ok().map(crate::FencingToken::get),

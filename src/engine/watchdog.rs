@@ -17,14 +17,14 @@
 //! leaves the lease as it is and retries soon. If the validity deadline passes with no successful renewal,
 //! the lease is flipped to lost at that instant.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use futures_util::FutureExt as _;
-use tokio::runtime::Handle;
+use tokio::runtime::{Handle, Id};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -50,22 +50,16 @@ struct Shared {
     /// Wakes the task: a lease due before it meant to look, or the last
     /// handle gone (see `Drop`).
     wake: Arc<Notify>,
-    /// No task runs: never started, or its runtime shut down. The table
-    /// stays; the next task (on a runtime that holds one of its leases, or
-    /// the next grant's) takes it on.
+    /// The task is gone (its runtime shut down): nothing here is renewed,
+    /// and every lease that was is reported lost.
     ended: AtomicBool,
-    /// Spawns a task for this table on a runtime (`None`: a table alone,
-    /// for tests of what registers and unregisters).
-    spawn: Option<Spawn>,
-    /// One (re)start at a time.
-    starting: Mutex<()>,
+    /// The runtime the task runs on; its leases were granted there.
+    runtime: Option<Id>,
     /// How many times the task looked at the table (tests: grants and
     /// releases must not wake it).
     #[cfg(test)]
     looks: std::sync::atomic::AtomicUsize,
 }
-
-type Spawn = Box<dyn Fn(&Handle) + Send + Sync>;
 
 impl Drop for Shared {
     fn drop(&mut self) {
@@ -94,9 +88,6 @@ struct Entry {
     /// the coalescing window (which would resend it at once, in a loop
     /// against a store that fails fast).
     retry_at: Option<Instant>,
-    /// The runtime the grant was made on: where the table is handed on to
-    /// if the task's own runtime shuts down.
-    runtime: Handle,
 }
 
 impl Entry {
@@ -125,38 +116,28 @@ type BatchResult = (
 );
 
 impl Watchdog {
-    /// A scheduler whose task is spawned on first use (see
-    /// [`add`](Self::add)). Renewals due within `window` of each other share
-    /// a batch of at most `batch_size`.
-    pub(crate) fn new<S: LockStore>(store: Arc<S>, batch_size: usize, window: Duration) -> Self {
-        Watchdog {
-            shared: Arc::new_cyclic(|weak: &Weak<Shared>| {
-                let weak = weak.clone();
-                let spawn: Spawn = Box::new(move |runtime: &Handle| {
-                    // Made here, not in the task: a task dropped before it
-                    // ever ran (its runtime gone first) must say so too.
-                    let ended = EndedOnDrop(weak.clone());
-                    let Some(wake) = weak.upgrade().map(|s| s.wake.clone()) else {
-                        return;
-                    };
-                    let task = run(store.clone(), ended, wake, batch_size, window);
-                    drop(runtime.spawn(task));
-                });
-                Shared::new(Some(spawn))
-            }),
-        }
-    }
-
-    /// Starts the scheduler's task on `runtime` at once (unit tests).
-    #[cfg(test)]
+    /// Starts a scheduler whose task runs on `runtime`, for the leases
+    /// granted there. Renewals due within `window` of each other share a
+    /// batch of at most `batch_size`.
     pub(crate) fn start<S: LockStore>(
         store: Arc<S>,
         runtime: &Handle,
         batch_size: usize,
         window: Duration,
     ) -> Watchdog {
-        let w = Watchdog::new(store, batch_size, window);
-        w.ensure_running(runtime);
+        let w = Watchdog {
+            shared: Arc::new(Shared::new(Some(runtime.id()))),
+        };
+        let task = run(
+            store,
+            // Made here, not in the task: a task dropped before it ever ran
+            // (its runtime gone first) must say so too.
+            EndedOnDrop(Arc::downgrade(&w.shared)),
+            w.shared.wake.clone(),
+            batch_size,
+            window,
+        );
+        drop(runtime.spawn(task));
         w
     }
 
@@ -168,25 +149,19 @@ impl Watchdog {
         }
     }
 
-    /// Makes sure a task renews this table: spawns one on `runtime` if none
-    /// runs (the first use, or the runtime it ran on shut down).
-    pub(crate) fn ensure_running(&self, runtime: &Handle) {
-        if self.is_ended() {
-            let _one = lock(&self.shared.starting);
-            if self.is_ended() {
-                spawn_on(&self.shared, runtime);
-            }
-        }
+    /// Whether this scheduler's task runs on `runtime` (and still runs).
+    pub(crate) fn serves(&self, runtime: &Handle) -> bool {
+        self.shared.runtime == Some(runtime.id()) && !self.is_ended()
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
         lock(&self.shared.table)
     }
 
-    /// Starts renewing a freshly granted lease, made on `runtime`. If no
-    /// task runs (the first grant, or the task's runtime shut down), one is
-    /// spawned there; it takes on the whole table.
-    pub(crate) fn add(&self, lease: Arc<Lease>, runtime: &Handle) {
+    /// Starts renewing a freshly granted lease (granted on the task's
+    /// runtime). If the task is gone (that runtime is shutting down), the
+    /// lease is reported lost at once: nothing will renew it.
+    pub(crate) fn add(&self, lease: Arc<Lease>) {
         let next_renew = lease.acquired_at + lease.lease / 3;
         // Its deadline, if that comes first (a hold cap shorter than a
         // third of the lease): lost then, not at the renewal time.
@@ -204,7 +179,6 @@ impl Watchdog {
                     in_flight: false,
                     capped: false,
                     retry_at: None,
-                    runtime: runtime.clone(),
                 },
             );
             t.next_look.is_none_or(|look| at < look)
@@ -212,7 +186,9 @@ impl Watchdog {
         if wake {
             self.shared.wake.notify_one();
         }
-        self.ensure_running(runtime);
+        if self.is_ended() {
+            orphan(&self.shared);
+        }
     }
 
     /// Stops renewing (released). Called before the release command.
@@ -236,7 +212,7 @@ impl Watchdog {
 }
 
 impl Shared {
-    fn new(spawn: Option<Spawn>) -> Shared {
+    fn new(runtime: Option<Id>) -> Shared {
         Shared {
             table: Mutex::new(Table {
                 entries: HashMap::new(),
@@ -244,9 +220,8 @@ impl Shared {
                 next_look: None,
             }),
             wake: Arc::new(Notify::new()),
-            ended: AtomicBool::new(true),
-            spawn,
-            starting: Mutex::new(()),
+            ended: AtomicBool::new(false),
+            runtime,
             #[cfg(test)]
             looks: Default::default(),
         }
@@ -257,83 +232,31 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-thread_local! {
-    /// Set while this thread spawns a task: a runtime that has shut down
-    /// drops the task inside `spawn`, and that drop must only say so (the
-    /// caller tries elsewhere), not hand the table on itself.
-    static SPAWNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Spawns the task on `runtime` (the caller holds `starting`); whether it
-/// took: a runtime that has shut down drops it at once.
-fn spawn_on(shared: &Shared, runtime: &Handle) -> bool {
-    let Some(spawn) = &shared.spawn else {
-        return false;
-    };
-    shared.ended.store(false, Ordering::Release);
-    let outer = SPAWNING.replace(true);
-    spawn(runtime);
-    SPAWNING.set(outer);
-    !shared.ended.load(Ordering::Acquire)
-}
-
-/// The task is gone with its runtime: hands the table on to a runtime that
-/// one of its grants was made on and that still runs, or, if none does,
-/// reports every lease lost at once (nothing would renew it, and a lease
-/// that silently stops being renewed is what must never happen).
-fn hand_on(shared: &Shared) {
-    let _one = lock(&shared.starting);
-    if !shared.ended.load(Ordering::Acquire) {
-        return;
-    }
-    // Leases granted while this runs (whose grant saw a spawn attempt under
-    // way and left the start to it) are tried too, never reported lost
-    // untried.
-    let mut tried = HashSet::new();
-    loop {
-        let fresh: Vec<Handle> = lock(&shared.table)
-            .entries
-            .iter()
-            .filter(|&(id, _)| tried.insert(*id))
-            .map(|(_, e)| e.runtime.clone())
-            .collect();
-        if fresh.is_empty() {
-            break;
-        }
-        if fresh.iter().any(|rt| spawn_on(shared, rt)) {
-            return;
-        }
-    }
-    let mut orphans = Vec::new();
-    {
+/// The task is gone with its runtime: every lease still in the table is
+/// reported lost at once (nothing renews it any more, and a lease that
+/// silently stops being renewed is what must never happen). A guard that
+/// outlived the runtime its lock was granted on sees `lost()` resolve.
+fn orphan(shared: &Shared) {
+    let orphans: Vec<Arc<Lease>> = {
         let mut t = lock(&shared.table);
-        let Table { entries, queue, .. } = &mut *t;
-        entries.retain(|id, e| {
-            if tried.contains(id) {
-                queue.remove(&(e.queued, *id));
-                orphans.push(e.lease.clone());
-                false
-            } else {
-                true
-            }
-        });
-    }
+        t.queue.clear();
+        t.next_look = None;
+        t.entries.drain().map(|(_, e)| e.lease).collect()
+    };
     for lease in orphans {
         lease.mark_lost(LossReason::Stopped);
     }
 }
 
 /// Marks the scheduler ended when its task is dropped (a runtime shutting
-/// down drops its tasks), and hands the table on.
+/// down drops its tasks), and reports its leases lost.
 struct EndedOnDrop(Weak<Shared>);
 
 impl Drop for EndedOnDrop {
     fn drop(&mut self) {
         if let Some(shared) = self.0.upgrade() {
             shared.ended.store(true, Ordering::Release);
-            if !SPAWNING.get() {
-                hand_on(&shared);
-            }
+            orphan(&shared);
         }
     }
 }
@@ -352,27 +275,6 @@ async fn run<S: LockStore>(
     let timer = tokio::time::sleep_until(Instant::now());
     tokio::pin!(timer);
     let mut armed: Option<Instant> = None;
-    // A task taking the table on from one whose runtime shut down: what
-    // that one had in flight will never be answered.
-    if let Some(sh) = shared.upgrade() {
-        let mut t = lock(&sh.table);
-        let stale: Vec<u64> = t
-            .entries
-            .iter()
-            .filter(|(_, e)| e.in_flight)
-            .map(|(&id, _)| id)
-            .collect();
-        for id in stale {
-            if let Some(e) = t.entries.get_mut(&id) {
-                e.in_flight = false;
-                let (old, at) = (e.queued, e.attention());
-                e.queued = at;
-                t.queue.remove(&(old, id));
-                t.queue.insert((at, id));
-            }
-        }
-    }
-
     loop {
         // Whatever woke us, handle everything that is due, and say when we
         // look next. (The handle is upgraded only here, never across an
@@ -626,7 +528,7 @@ mod tests {
         let l = grant(&store, &key("third"), LEASE, None).await;
         let t0 = l.acquired_at;
         let w = start(&store);
-        w.add(l.clone(), &Handle::current());
+        w.add(l.clone());
 
         tokio::time::sleep_until(t0 + LEASE / 3 - MS).await;
         assert_eq!(l.valid_until(), t0 + LEASE - drift(LEASE), "renewed early");
@@ -649,7 +551,7 @@ mod tests {
         let l = grant(&store, &key("removed"), LEASE, None).await;
         let t0 = l.acquired_at;
         let w = start(&store);
-        w.add(l.clone(), &Handle::current());
+        w.add(l.clone());
         tokio::time::sleep_until(t0 + MS).await;
         w.remove(l.id);
         tokio::time::sleep_until(t0 + LEASE / 2).await;
@@ -667,7 +569,7 @@ mod tests {
         let gone = grant(&store, &key("queued-gone"), LEASE, None).await;
         let w = start(&store);
         for l in [&a, &b, &gone] {
-            w.add(l.clone(), &Handle::current());
+            w.add(l.clone());
         }
         w.remove(gone.id);
         tokio::time::sleep_until(a.acquired_at + LEASE / 3 - MS).await;
@@ -687,10 +589,10 @@ mod tests {
         let store = Arc::new(MemoryStore::new());
         let first = grant(&store, &key("first"), LEASE, None).await;
         let w = start(&store);
-        w.add(first.clone(), &Handle::current());
+        w.add(first.clone());
         tokio::time::sleep(MS).await;
         let capped = grant(&store, &key("capped"), LEASE, Some(Duration::from_secs(2))).await;
-        w.add(capped.clone(), &Handle::current());
+        w.add(capped.clone());
         let deadline = capped.valid_until();
         assert!(deadline < first.acquired_at + LEASE / 3);
         tokio::time::sleep_until(deadline - MS).await;
@@ -714,7 +616,7 @@ mod tests {
         let stream = async |from: usize, n: usize| {
             for i in from..from + n {
                 let l = grant(&store, &key(&format!("stream-{i}")), LEASE, None).await;
-                w.add(l.clone(), &Handle::current());
+                w.add(l.clone());
                 settle().await;
                 w.remove(l.id);
                 tokio::time::sleep(MS).await;
@@ -744,11 +646,10 @@ mod tests {
         let store = Arc::new(MemoryStore::new());
         let w = start(&store);
         let l = grant(&store, &key("ends"), LEASE, None).await;
-        w.add(l.clone(), &Handle::current());
+        w.add(l.clone());
         tokio::task::yield_now().await;
-        // The task holds the store while it runs, and so does the table
-        // (to start a task again if its runtime shuts down).
-        assert_eq!(Arc::strong_count(&store), 3);
+        // The task holds the store while it runs.
+        assert_eq!(Arc::strong_count(&store), 2);
         drop(w);
         for _ in 0..10 {
             tokio::task::yield_now().await;
@@ -766,7 +667,7 @@ mod tests {
         let l = grant(&store, &key("stolen"), LEASE, None).await;
         let t0 = l.acquired_at;
         let w = start(&store);
-        w.add(l.clone(), &Handle::current());
+        w.add(l.clone());
         // Gone behind the watchdog's back.
         assert!(store.release(&l.key, &l.owner).await.unwrap());
         tokio::time::sleep_until(t0 + LEASE / 3 - MS).await;
@@ -790,7 +691,7 @@ mod tests {
         .await;
         let t0 = l.acquired_at;
         let w = start(&counting);
-        w.add(l.clone(), &Handle::current());
+        w.add(l.clone());
         tokio::time::sleep_until(t0 + LEASE / 3 - MS).await;
         // Stepped by hand: a watchdog that kept re-sending this renewal
         // would keep the runtime busy, and paused time would never move.
@@ -823,7 +724,7 @@ mod tests {
         let l = grant(store, &key("tiny"), LEASE, Some(cap)).await;
         let t0 = l.acquired_at;
         let w = start(&counting);
-        w.add(l.clone(), &Handle::current());
+        w.add(l.clone());
         let last = cap - LEASE * 8 / 3;
         let until = t0 + cap - drift(last);
         tokio::time::sleep_until(t0 + LEASE * 3 - MS).await;
@@ -860,7 +761,7 @@ mod tests {
         let l = grant(&store.inner, &key("stall-extend"), lease, None).await;
         let t0 = l.acquired_at;
         let w = Watchdog::start(store.clone(), &Handle::current(), 512, lease / 12);
-        w.add(l.clone(), &Handle::current());
+        w.add(l.clone());
         store.stall(true);
         tokio::time::advance(lease / 3 + MS).await;
         settle().await;
@@ -895,7 +796,7 @@ mod tests {
         let l = grant(&store.inner, &key("panics"), LEASE, None).await;
         let t0 = l.acquired_at;
         let w = start(&store);
-        w.add(l.clone(), &Handle::current());
+        w.add(l.clone());
         store.panic_extends.store(true, Ordering::SeqCst);
         tokio::time::sleep_until(t0 + LEASE / 3 + MS).await;
         settle().await;
@@ -914,7 +815,7 @@ mod tests {
         let store = Arc::new(Counting::default());
         let l = grant(&store.inner, &key("failing"), LEASE, None).await;
         let w = start(&store);
-        w.add(l.clone(), &Handle::current());
+        w.add(l.clone());
         store
             .fail_extends
             .store(true, std::sync::atomic::Ordering::SeqCst);

@@ -140,7 +140,7 @@ impl World {
                     lease.valid_until() > Instant::now(),
                     "a fresh grant is not valid (lease {lease_ms} ms, cap {cap_ms:?} ms)"
                 );
-                self.watchdog.add(lease.clone(), &Handle::current());
+                self.watchdog.add(lease.clone());
                 let survives = !self.trouble() && cap.is_none();
                 self.held.push(Held {
                     lease,
