@@ -56,8 +56,8 @@ pub enum NodeTls {
     /// Plain TCP.
     Off,
     /// TLS, with the server's certificate checked against the platform's
-    /// roots (and the ones given to
-    /// [`with_root_certificates`](DataNodes::with_root_certificates)).
+    /// roots (and, with feature `tls-rustls`, the ones given to
+    /// `DataNodes::with_root_certificates`).
     Verified,
     /// TLS without any certificate check (tests only: anyone on the path
     /// can read the owner tokens).
