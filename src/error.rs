@@ -147,10 +147,13 @@ impl Error {
             redis::ErrorKind::AuthenticationFailed
                 | redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
         ) || matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
-            // Errors of a pipeline come wrapped; their codes show in the text.
+            // Errors of a pipeline, and a cluster client's failure to
+            // connect, come wrapped; their codes or kinds show in the text.
             || {
                 let text = err.to_string();
-                ["NOAUTH", "WRONGPASS", "NOPERM"].iter().any(|c| text.contains(c))
+                ["NOAUTH", "WRONGPASS", "NOPERM", "AuthenticationFailed"]
+                    .iter()
+                    .any(|c| text.contains(c))
             };
         let key = key.cloned();
         let source = Box::new(err);

@@ -32,6 +32,9 @@ pub use layer::{
     MissingLockGuard, OnLockLost, OnMissingKey, OnStoreError, Problem,
 };
 pub use store::BoxStore;
+#[cfg(feature = "sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+pub use store::redis::{DataNodes, NodeTls};
 pub use store::{
     AcquireOutcome, LockStore, ReleaseWatch, Renewal,
     memory::MemoryStore,

@@ -3,16 +3,28 @@
 //! certificate the client does not trust is refused promptly, with an
 //! error, never a hang.
 //!
-//! Self-contained: the certificates are made with the `openssl` CLI in a
-//! temporary directory, and the server is started here (it needs TLS
-//! arguments the shared test support does not take).
+//! Behind Sentinel (issue 22): Sentinels and data nodes serving TLS, the
+//! store reaches the primary over TLS too (commands, `WAIT`,
+//! notifications), trusting extra root certificates where given, and a
+//! data node whose certificate it does not trust is a TLS error.
+//!
+//! The certificates are made with the `openssl` CLI in a temporary
+//! directory; the single server is started here, the Sentinel set by the
+//! shared test support (each process keeps a plain port for the support's
+//! own probes; the Sentinels name the data nodes by their TLS ports).
+
+mod support;
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tower_redis_lock::{Error, LockKey, LockStore, Locker, OwnerToken, RedisStore};
+use support::topology::{SentinelOptions, SentinelSet};
+use tower_redis_lock::{
+    DataNodes, Error, LockKey, LockStore, Locker, NodeTls, OwnerToken, RedisStore,
+    RedisStoreBuilder, ReplicaShortfall,
+};
 
 /// A TLS-only `redis-server` with a certificate for `127.0.0.1` signed by
 /// its own CA; killed on drop.
@@ -24,49 +36,8 @@ struct TlsServer {
 
 impl TlsServer {
     fn start() -> TlsServer {
-        // rustls leaves the choice of crypto to the application (see
-        // README, "Cargo features"); the tests pick ring.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let dir = tempfile::tempdir().unwrap();
+        let dir = make_certs();
         let d = dir.path();
-        make_ca(d, "ca");
-        make_ca(d, "other-ca");
-        openssl(d, &["genrsa", "-out", "server.key", "2048"]);
-        openssl(
-            d,
-            &[
-                "req",
-                "-new",
-                "-key",
-                "server.key",
-                "-subj",
-                "/CN=127.0.0.1",
-                "-out",
-                "server.csr",
-            ],
-        );
-        std::fs::write(d.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-        openssl(
-            d,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-sha256",
-                "-extfile",
-                "san.ext",
-                "-out",
-                "server.crt",
-            ],
-        );
         let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .and_then(|l| l.local_addr())
             .unwrap()
@@ -121,6 +92,55 @@ impl TlsServer {
             .build()
             .unwrap()
     }
+}
+
+/// A temporary directory with two CAs (`ca`, `other-ca`) and a server
+/// certificate for `127.0.0.1` signed by `ca` (`server.key`, `server.crt`).
+fn make_certs() -> tempfile::TempDir {
+    // rustls leaves the choice of crypto to the application (see
+    // README, "Cargo features"); the tests pick ring.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    make_ca(d, "ca");
+    make_ca(d, "other-ca");
+    openssl(d, &["genrsa", "-out", "server.key", "2048"]);
+    openssl(
+        d,
+        &[
+            "req",
+            "-new",
+            "-key",
+            "server.key",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-out",
+            "server.csr",
+        ],
+    );
+    std::fs::write(d.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    openssl(
+        d,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-sha256",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.crt",
+        ],
+    );
+    dir
 }
 
 impl Drop for TlsServer {
@@ -298,4 +318,72 @@ async fn the_layer_answers_503_when_the_servers_ca_is_not_trusted() {
         !ran.load(Ordering::SeqCst),
         "the handler ran without its lock"
     );
+}
+
+/// A Sentinel set whose every process serves TLS with the certificates of
+/// `certs` (`make_certs`), replicating and monitoring over TLS.
+fn tls_sentinel_set(certs: &Path) -> SentinelSet {
+    let path = |f: &str| certs.join(f).to_str().unwrap().to_owned();
+    let tls_args = [
+        "--tls-cert-file".to_string(),
+        path("server.crt"),
+        "--tls-key-file".into(),
+        path("server.key"),
+        "--tls-ca-cert-file".into(),
+        path("ca.crt"),
+        "--tls-auth-clients".into(),
+        "no".into(),
+    ];
+    SentinelSet::start_with(&SentinelOptions {
+        tls_args: tls_args.to_vec(),
+        ..SentinelOptions::default()
+    })
+}
+
+/// A store on `set`'s Sentinels over `rediss://` (their certificates
+/// unchecked: their CA is not the platform's), waiting for the replica.
+fn tls_sentinel_builder(set: &SentinelSet) -> RedisStoreBuilder {
+    let urls: Vec<String> = set
+        .sentinel_tls_urls()
+        .into_iter()
+        .map(|u| format!("{u}#insecure"))
+        .collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    RedisStore::sentinel_builder(&urls, &set.master_name)
+        .command_timeout(Duration::from_secs(2))
+        .wait_replicas(1, Duration::from_millis(500), ReplicaShortfall::Fail)
+}
+
+/// The data nodes take the Sentinel URLs' TLS mode (issue 22: the store
+/// dialled the primary's TLS port in plain TCP, and every acquire failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_data_nodes_take_the_tls_of_the_sentinel_urls() {
+    let certs = make_certs();
+    let set = tls_sentinel_set(certs.path());
+    grants_and_releases(tls_sentinel_builder(&set).build().unwrap()).await;
+}
+
+/// Checked TLS to the data nodes, trusting their private CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_data_nodes_trust_the_root_certificates_given() {
+    let certs = make_certs();
+    let set = tls_sentinel_set(certs.path());
+    let ca = std::fs::read(certs.path().join("ca.crt")).unwrap();
+    let store = tls_sentinel_builder(&set)
+        .data_nodes(
+            DataNodes::new()
+                .with_tls(NodeTls::Verified)
+                .with_root_certificates(ca),
+        )
+        .build()
+        .unwrap();
+    grants_and_releases(store).await;
+
+    // Trusting another CA: a certificate error, at once.
+    let other = std::fs::read(certs.path().join("other-ca.crt")).unwrap();
+    let store = tls_sentinel_builder(&set)
+        .data_nodes(DataNodes::new().with_root_certificates(other))
+        .build()
+        .unwrap();
+    refused_promptly(store).await;
 }

@@ -133,16 +133,38 @@ impl RedlockStore {
         &self.nodes
     }
 
-    fn no_quorum(&self, op: Operation, key: &LockKey, answered: usize) -> Error {
-        Error::Unavailable {
-            op,
-            key: Some(key.clone()),
-            source: format!(
-                "only {answered} of {} Redlock nodes answered; {} needed",
-                self.nodes.len(),
-                self.quorum
-            )
-            .into(),
+    /// Too few nodes answered: [`Error::Auth`] when a node refused the
+    /// credentials (the cause of that failure, not the count, is what to
+    /// fix), else [`Error::Unavailable`]; either names the first such
+    /// node error with its causes.
+    fn no_quorum<'a>(
+        &self,
+        op: Operation,
+        key: &LockKey,
+        answered: usize,
+        errors: impl IntoIterator<Item = &'a Error>,
+    ) -> Error {
+        let errors: Vec<&Error> = errors.into_iter().collect();
+        let auth = errors.iter().find(|e| matches!(e, Error::Auth { .. }));
+        let mut text = format!(
+            "only {answered} of {} Redlock nodes answered; {} needed",
+            self.nodes.len(),
+            self.quorum
+        );
+        if let Some(e) = auth.or(errors.first()) {
+            let mut cause: Option<&dyn std::error::Error> = Some(*e);
+            while let Some(c) = cause {
+                text.push_str(": ");
+                text.push_str(&c.to_string());
+                cause = c.source();
+            }
+        }
+        let key = Some(key.clone());
+        let source = text.into();
+        if auth.is_some() {
+            Error::Auth { op, key, source }
+        } else {
+            Error::Unavailable { op, key, source }
         }
     }
 
@@ -331,7 +353,8 @@ impl LockStore for RedlockStore {
             }
         }
         if undecided || answered <= self.nodes.len() - self.quorum {
-            return Err(self.no_quorum(Operation::Acquire, key, answered));
+            let errors = answers.iter().filter_map(|a| a.as_ref().err());
+            return Err(self.no_quorum(Operation::Acquire, key, answered, errors));
         }
         Ok(None)
     }

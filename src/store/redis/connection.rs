@@ -29,7 +29,7 @@ pub(super) enum Source {
     /// timeout, so that the command timeout is what answers.
     Pool(deadpool_redis::Pool),
     #[cfg(feature = "sentinel")]
-    Sentinel(Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
+    Sentinel(Arc<super::sentinel::Sentinels>),
     #[cfg(feature = "cluster")]
     Cluster(Box<redis::cluster::ClusterClient>),
 }
@@ -174,12 +174,7 @@ impl RedisStore {
             #[cfg(feature = "sentinel")]
             Source::Sentinel(sentinel) => {
                 let redis_err = |e| Error::from_redis(op, key, e);
-                let client = sentinel
-                    .lock()
-                    .await
-                    .async_get_client()
-                    .await
-                    .map_err(redis_err)?;
+                let client = sentinel.primary().await.map_err(redis_err)?;
                 client
                     .get_multiplexed_async_connection_with_config(&unbounded_responses())
                     .await

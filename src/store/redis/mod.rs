@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `settings.rs` | `RedisStoreBuilder`: constructors over a URL or a pool, the settings and their checks |
 //! | `sentinel.rs`, `cluster.rs` | the Sentinel and Cluster builders (features `sentinel`, `cluster`) |
+//! | `data_nodes.rs` | `DataNodes`: how a Sentinel store reaches the primary and replicas |
 //! | `scripts.rs`, `scripts/*.lua` | the Lua scripts and the calls that run them |
 //! | `keys.rs` | Redis names of a lock (hash tag, fencing bucket) |
 //! | `connection.rs` | connection sources, the shared connection, call timeouts |
@@ -24,6 +25,8 @@ use crate::{Error, LockKey, Operation, OwnerToken};
 #[cfg(feature = "cluster")]
 mod cluster;
 mod connection;
+#[cfg(feature = "sentinel")]
+mod data_nodes;
 mod eviction;
 mod keys;
 mod notifier;
@@ -34,6 +37,8 @@ mod sentinel;
 mod settings;
 
 use connection::{Conn, Source};
+#[cfg(feature = "sentinel")]
+pub use data_nodes::{DataNodes, NodeTls};
 pub use eviction::EvictionCheck;
 use keys::{LOCK, RECORD, WAITED};
 use notifier::{Notifier, PubSubSource};

@@ -42,19 +42,34 @@ const MAX_COMMAND_TIMEOUT: Duration = Duration::from_secs(3600);
 /// ```
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct RedisStoreBuilder {
-    source: Result<(Source, Option<PubSubSource>), ConfigError>,
+    source: Result<Pending, ConfigError>,
     notifications: Option<redis::Client>,
+    #[cfg(feature = "sentinel")]
+    data_nodes: Option<super::DataNodes>,
     /// Checked, with `wait_replicas`, in `build`.
     settings: Settings,
     wait_replicas: Option<(u32, Duration, ReplicaShortfall)>,
 }
 
+/// Where the store's connections will come from: made already, or (for
+/// Sentinel) made in `build`, with the data nodes' settings.
+pub(super) enum Pending {
+    Ready(Source, Option<PubSubSource>),
+    #[cfg(feature = "sentinel")]
+    Sentinel {
+        urls: Vec<String>,
+        master: String,
+    },
+}
+
 impl std::fmt::Debug for RedisStoreBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisStoreBuilder")
-            .field("settings", &self.settings)
-            .field("wait_replicas", &self.wait_replicas)
-            .finish_non_exhaustive()
+        let mut d = f.debug_struct("RedisStoreBuilder");
+        d.field("settings", &self.settings)
+            .field("wait_replicas", &self.wait_replicas);
+        #[cfg(feature = "sentinel")]
+        d.field("data_nodes", &self.data_nodes);
+        d.finish_non_exhaustive()
     }
 }
 
@@ -150,9 +165,15 @@ impl Default for Settings {
 
 impl RedisStoreBuilder {
     pub(super) fn over(source: Result<(Source, Option<PubSubSource>), ConfigError>) -> Self {
+        Self::pending(source.map(|(source, pubsub)| Pending::Ready(source, pubsub)))
+    }
+
+    pub(super) fn pending(source: Result<Pending, ConfigError>) -> Self {
         RedisStoreBuilder {
             source,
             notifications: None,
+            #[cfg(feature = "sentinel")]
+            data_nodes: None,
             settings: Settings::default(),
             wait_replicas: None,
         }
@@ -164,6 +185,17 @@ impl RedisStoreBuilder {
     /// nodes that own the locks: `build` refuses this setting there.
     pub fn notifications(mut self, client: redis::Client) -> Self {
         self.notifications = Some(client);
+        self
+    }
+
+    /// How a store behind Sentinel connects to the primary and replicas
+    /// (see [`DataNodes`](super::DataNodes); default: as the first Sentinel
+    /// URL). `build` refuses this setting on other stores, whose URLs say
+    /// it all.
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn data_nodes(mut self, nodes: super::DataNodes) -> Self {
+        self.data_nodes = Some(nodes);
         self
     }
 
@@ -235,7 +267,22 @@ impl RedisStoreBuilder {
     /// Checks every setting and makes the store. Does no I/O: the store
     /// connects on its first call.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
-        let (source, mut pubsub) = self.source?;
+        let (source, mut pubsub) = match self.source? {
+            Pending::Ready(source, pubsub) => {
+                #[cfg(feature = "sentinel")]
+                if self.data_nodes.is_some() {
+                    return Err(ConfigError::new(
+                        "data_nodes",
+                        "only a Sentinel store has data nodes apart from its URLs",
+                    ));
+                }
+                (source, pubsub)
+            }
+            #[cfg(feature = "sentinel")]
+            Pending::Sentinel { urls, master } => {
+                super::sentinel::sources(&urls, &master, self.data_nodes.unwrap_or_default())?
+            }
+        };
         let mut s = self.settings;
         validate_name(&s.prefix, true).map_err(|e| ConfigError::new("prefix", e.to_string()))?;
         if s.fence_retention < Duration::from_secs(1) {

@@ -114,7 +114,8 @@ impl RedlockStore {
             self.undo(&maybe, key, owner, false, start + lease).await;
             let answered = granted.len() + unfenced + held.len();
             if answered < q {
-                Err(self.no_quorum(Operation::Acquire, key, answered))
+                let errors = answers.iter().filter_map(|(_, a)| a.as_ref().err());
+                Err(self.no_quorum(Operation::Acquire, key, answered, errors))
             } else {
                 Ok(AcquireOutcome::Held {
                     remaining: held.into_iter().flatten().min(),

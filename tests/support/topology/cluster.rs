@@ -57,6 +57,18 @@ impl Cluster {
         });
         let cluster = Cluster { nodes };
         let mut args = vec!["--cluster".to_string(), "create".to_string()];
+        // Nodes with `--requirepass`: redis-cli authenticates too.
+        if let Some(pw) = extra
+            .windows(2)
+            .rev()
+            .find(|pair| pair[0] == "--requirepass")
+            .map(|pair| pair[1])
+        {
+            args.splice(
+                0..0,
+                ["-a".to_string(), pw.to_string(), "--no-auth-warning".into()],
+            );
+        }
         args.extend(
             cluster
                 .nodes

@@ -48,7 +48,8 @@ mod cluster;
 mod sentinel;
 
 pub use cluster::Cluster;
-pub use sentinel::SentinelSet;
+#[allow(unused_imports)]
+pub use sentinel::{SentinelOptions, SentinelSet};
 
 /// A server's `ROLE`.
 #[derive(Debug, Clone, PartialEq, Eq)]

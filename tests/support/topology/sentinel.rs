@@ -16,12 +16,55 @@ pub struct SentinelSet {
     pub master_name: String,
 }
 
+/// What a [`SentinelSet`] is started with besides its defaults.
+#[derive(Debug, Clone, Default)]
+pub struct SentinelOptions {
+    /// Extra args of the primary and the replica (e.g. `--requirepass pw
+    /// --masterauth pw`, `--user ...`). With `--requirepass`, the helpers
+    /// authenticate.
+    pub data_args: Vec<String>,
+    /// Extra lines of each sentinel's config, after its `sentinel monitor`
+    /// line (e.g. `sentinel auth-pass mymaster pw`, `requirepass spw`,
+    /// `user ...`). Give `--requirepass` in `sentinel_args` too, so that the
+    /// helpers authenticate.
+    pub sentinel_conf: String,
+    /// Extra args of each sentinel.
+    pub sentinel_args: Vec<String>,
+    /// Args of every process that make it serve TLS (certificate, key, CA
+    /// files): each then also listens for TLS on a port of its own
+    /// (`tls_port`), replicates and monitors over TLS, and the sentinels
+    /// name the data nodes by their TLS ports. The plain ports stay, for
+    /// the helpers only.
+    pub tls_args: Vec<String>,
+}
+
 /// One `redis-server <tempdir>/sentinel.conf --sentinel` process: a [`RedisServer`]
 /// (derefs to it: `port()`, `url()`, `cmd()`, `freeze()`, `stop()`, ... ) started in
 /// sentinel mode with its own writable config file.
 #[derive(Debug)]
 pub struct SentinelProcess {
     server: RedisServer,
+    /// Its TLS port, when started with TLS.
+    pub tls_port: Option<u16>,
+}
+
+/// A primary or replica with `args`, and its TLS port (a free one, given as
+/// `--tls-port`) if `tls`.
+fn start_data_node(args: &[String], tls: bool) -> (RedisServer, Option<u16>) {
+    let mut tls_port = None;
+    let server = RedisServer::start_launch(|_, _| {
+        let mut extra = args.to_vec();
+        if tls {
+            let port = free_port();
+            tls_port = Some(port);
+            extra.extend(["--tls-port".to_string(), port.to_string()]);
+        }
+        Launch {
+            config_file: None,
+            extra,
+        }
+    });
+    (server, tls_port)
 }
 
 impl SentinelSet {
@@ -29,14 +72,32 @@ impl SentinelSet {
     /// start 3 sentinels and wait until each reports the primary as `mymaster` and knows
     /// the 2 other sentinels and the (healthy) replica. Bounded (20 s per stage).
     pub fn start() -> SentinelSet {
+        SentinelSet::start_with(&SentinelOptions::default())
+    }
+
+    /// [`SentinelSet::start`] with `options`.
+    pub fn start_with(options: &SentinelOptions) -> SentinelSet {
         // No diskless-sync delay (5 s by default): replicas sync at once, also after a
         // failover, when the replica is the master.
-        let no_delay = ["--repl-diskless-sync-delay", "0"];
-        let primary = RedisServer::start_with(&no_delay);
-        let primary_port = primary.port().to_string();
-        let replica = RedisServer::start_with(
-            &[&no_delay[..], &["--replicaof", "127.0.0.1", &primary_port]].concat(),
-        );
+        let mut data_args = vec!["--repl-diskless-sync-delay".to_string(), "0".into()];
+        data_args.extend(options.data_args.iter().cloned());
+        let tls = !options.tls_args.is_empty();
+        if tls {
+            data_args.extend(options.tls_args.iter().cloned());
+            data_args.extend(["--tls-replication".to_string(), "yes".into()]);
+        }
+        let (primary, primary_tls) = start_data_node(&data_args, tls);
+        let monitored = primary_tls.unwrap_or(primary.port());
+        let replica_args = [
+            &data_args[..],
+            &[
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                monitored.to_string(),
+            ],
+        ]
+        .concat();
+        let (replica, _) = start_data_node(&replica_args, tls);
         let mut set = SentinelSet {
             primary,
             replica,
@@ -52,9 +113,9 @@ impl SentinelSet {
             }
         });
 
-        let master_port = set.primary.port();
+        let master_port = monitored;
         set.sentinels = start_parallel(SENTINELS, || {
-            SentinelProcess::start(MASTER_NAME, master_port)
+            SentinelProcess::start(MASTER_NAME, master_port, options)
         });
         set.wait_for(
             "the sentinels to discover each other and the replica",
@@ -70,6 +131,18 @@ impl SentinelSet {
     /// `redis://127.0.0.1:<port>/` of each sentinel.
     pub fn sentinel_urls(&self) -> Vec<String> {
         self.sentinels.iter().map(|s| s.url()).collect()
+    }
+
+    /// `rediss://127.0.0.1:<tls port>/` of each sentinel (started with
+    /// [`SentinelOptions::tls_args`]).
+    pub fn sentinel_tls_urls(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|s| {
+                let port = s.tls_port.expect("a sentinel started with TLS");
+                format!("rediss://127.0.0.1:{port}/")
+            })
+            .collect()
     }
 
     /// The master address according to the first sentinel that answers.
@@ -202,25 +275,36 @@ impl SentinelSet {
 impl SentinelProcess {
     /// Start a sentinel monitoring `127.0.0.1:master_port` as `master_name`, with its
     /// config in `<tempdir>/sentinel.conf` (written for each port tried).
-    fn start(master_name: &str, master_port: u16) -> SentinelProcess {
+    fn start(master_name: &str, master_port: u16, options: &SentinelOptions) -> SentinelProcess {
+        let mut tls_port = None;
         let server = RedisServer::start_launch(|port, dir| {
             let config = dir.join(SENTINEL_CONF);
-            let text = format!(
+            let mut text = format!(
                 "port {port}\n\
                  bind 127.0.0.1\n\
                  sentinel monitor {master_name} 127.0.0.1 {master_port} 2\n\
                  sentinel down-after-milliseconds {master_name} 1000\n\
                  sentinel failover-timeout {master_name} 4000\n\
-                 sentinel parallel-syncs {master_name} 1\n"
+                 sentinel parallel-syncs {master_name} 1\n\
+                 {}\n",
+                options.sentinel_conf
             );
+            let mut extra = vec!["--sentinel".to_string()];
+            extra.extend(options.sentinel_args.iter().cloned());
+            if !options.tls_args.is_empty() {
+                let tls = free_port();
+                tls_port = Some(tls);
+                text.push_str(&format!("tls-port {tls}\ntls-replication yes\n"));
+                extra.extend(options.tls_args.iter().cloned());
+            }
             fs::write(&config, text)
                 .unwrap_or_else(|e| panic!("cannot write {}: {e}", config.display()));
             Launch {
                 config_file: Some(config),
-                extra: vec!["--sentinel".to_string()],
+                extra,
             }
         });
-        SentinelProcess { server }
+        SentinelProcess { server, tls_port }
     }
 
     /// The sentinel's config file (rewritten by the sentinel as it learns the topology).

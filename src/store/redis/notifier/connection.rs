@@ -29,7 +29,7 @@ pub(in crate::store::redis) enum PubSubSource {
     /// The primary the Sentinels name, asked again on every reconnect, so
     /// the connection follows a failover.
     #[cfg(feature = "sentinel")]
-    Sentinel(Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>),
+    Sentinel(Arc<crate::store::redis::sentinel::Sentinels>),
     /// A Redis Cluster, given some of its nodes: sharded pub/sub.
     #[cfg(feature = "cluster")]
     Cluster(Arc<[String]>),
@@ -41,7 +41,7 @@ impl PubSubSource {
         let client = match self {
             PubSubSource::Client(c) => (**c).clone(),
             #[cfg(feature = "sentinel")]
-            PubSubSource::Sentinel(s) => s.lock().await.async_get_client().await?,
+            PubSubSource::Sentinel(s) => s.primary().await?,
             #[cfg(feature = "cluster")]
             PubSubSource::Cluster(nodes) => {
                 // Pushes (messages, confirmations, disconnections) of every
