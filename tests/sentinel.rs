@@ -197,3 +197,42 @@ async fn a_grant_waiting_for_replicas_holds_up_no_other_command() {
     waiting.abort();
     set.replica.thaw();
 }
+
+/// Issue 22 B4: a frozen first Sentinel costs a lookup nothing. The other
+/// Sentinels answer at once, so a store whose command timeout (300 ms) is
+/// below redis-rs' own per-Sentinel response timeout (500 ms) connects and
+/// grants within a few of its own command timeouts, whatever the list
+/// order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_first_sentinel_does_not_keep_a_short_timeout_store_from_connecting() {
+    let set = SentinelSet::start();
+    set.sentinels[0].freeze();
+    let command_timeout = Duration::from_millis(300);
+    let st = builder(&set)
+        .command_timeout(command_timeout)
+        .build()
+        .unwrap();
+    let l = Locker::new(st);
+    // Each try is bounded by the command timeout; a few tries leave room
+    // for a loaded machine, not for a 500 ms wait per lookup.
+    let bound = command_timeout * 4;
+    let started = std::time::Instant::now();
+    let mut last = None;
+    let g = support::eventually_some(bound, async || {
+        l.try_acquire(&key("frozen-sentinel"))
+            .await
+            .map_err(|e| last = Some(e))
+            .ok()
+    })
+    .await
+    .unwrap_or_else(|| panic!("no grant within {bound:?}: {last:?}"));
+    assert!(
+        started.elapsed() < bound + command_timeout,
+        "{:?}",
+        started.elapsed()
+    );
+    // Later connections (after the store forgets its connection) look up
+    // again, still past the frozen Sentinel.
+    assert!(g.release().await.unwrap());
+    set.sentinels[0].thaw();
+}

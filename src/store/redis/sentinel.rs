@@ -3,11 +3,13 @@
 
 use std::sync::Arc;
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{IntoConnectionInfo, RedisResult, TlsMode};
 
 use super::connection::Source;
-use super::data_nodes::{DataNodes, NodeTls};
+use super::data_nodes::{DataNodes, NodeTls, Resolved};
 use super::notifier::PubSubSource;
 use super::settings::Pending;
 use super::{RedisStore, RedisStoreBuilder};
@@ -43,15 +45,57 @@ impl RedisStore {
     }
 }
 
-/// The Sentinel client, shared by the command, `WAIT` and notification
-/// connections: each asks it for the primary.
-pub(super) struct Sentinels(tokio::sync::Mutex<SentinelClient>);
+/// One Sentinel client per Sentinel, shared by the command, `WAIT` and
+/// notification connections: each asks them for the primary.
+///
+/// One client per Sentinel, not one client for all: redis-rs' client asks
+/// its Sentinels concurrently but takes their answers in list order, each
+/// after up to its own 500 ms response timeout, so a frozen first Sentinel
+/// would hold every lookup for 500 ms, past a shorter command timeout
+/// (issue 22 B4). Here the first Sentinel to name a primary that confirms
+/// its role wins, whatever the list order; the caller's command timeout
+/// bounds the lookup.
+pub(super) struct Sentinels(Vec<tokio::sync::Mutex<SentinelClient>>);
 
 impl Sentinels {
     /// A client for the primary the Sentinels name now, with the data
-    /// nodes' settings.
+    /// nodes' settings: the first answer that names a primary (checked
+    /// with `ROLE` by redis-rs) wins. If none does, the most telling error:
+    /// one from the named primary (authentication, TLS) before a Sentinel
+    /// that does not know the name, before one that cannot be reached.
     pub(super) async fn primary(&self) -> RedisResult<redis::Client> {
-        self.0.lock().await.async_get_client().await
+        let mut lookups: FuturesUnordered<_> = self
+            .0
+            .iter()
+            .map(|s| async move { s.lock().await.async_get_client().await })
+            .collect();
+        let mut best: Option<redis::RedisError> = None;
+        while let Some(lookup) = lookups.next().await {
+            match lookup {
+                Ok(client) => return Ok(client),
+                Err(e) => {
+                    if best.as_ref().is_none_or(|b| rank(&e) > rank(b)) {
+                        best = Some(e);
+                    }
+                }
+            }
+        }
+        // `sources` refuses an empty list, so there was at least one error.
+        Err(best.unwrap_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no Sentinel"))
+        }))
+    }
+}
+
+/// How much a failed lookup says: an answer from the named primary most,
+/// then a Sentinel's answer, then no answer.
+fn rank(e: &redis::RedisError) -> u8 {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+        0
+    } else if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel {
+        1
+    } else {
+        2
     }
 }
 
@@ -89,13 +133,31 @@ pub(super) fn sources(
     }
     let nodes = nodes.resolve(first)?;
 
-    let mut builder = SentinelClientBuilder::new(
-        infos.iter().map(|i| i.addr().clone()),
-        master,
-        SentinelServerType::Master,
-    )
-    .map_err(|e| bad(e.to_string()))?
-    .set_client_to_redis_db(nodes.database);
+    let clients = infos
+        .iter()
+        .map(|i| {
+            let client = client(i.addr().clone(), master, &username, &password, &nodes)?;
+            Ok(tokio::sync::Mutex::new(client))
+        })
+        .collect::<RedisResult<Vec<_>>>()
+        .map_err(|e| bad(e.to_string()))?;
+    let shared = Arc::new(Sentinels(clients));
+    Ok((
+        Source::Sentinel(shared.clone()),
+        Some(PubSubSource::Sentinel(shared)),
+    ))
+}
+
+/// The client asking the Sentinel at `addr` for `master`.
+fn client(
+    addr: redis::ConnectionAddr,
+    master: &str,
+    username: &Option<String>,
+    password: &Option<String>,
+    nodes: &Resolved,
+) -> RedisResult<SentinelClient> {
+    let mut builder = SentinelClientBuilder::new([addr], master, SentinelServerType::Master)?
+        .set_client_to_redis_db(nodes.database);
     if let Some(u) = &username {
         builder = builder.set_client_to_sentinel_username(u);
     }
@@ -114,16 +176,11 @@ pub(super) fn sources(
         NodeTls::Insecure => builder = builder.set_client_to_redis_tls_mode(TlsMode::Insecure),
     }
     #[cfg(feature = "tls-rustls")]
-    if let Some(pem) = nodes.root_certificates {
+    if let Some(pem) = &nodes.root_certificates {
         builder = builder.set_client_to_redis_certificates(redis::TlsCertificates {
             client_tls: None,
-            root_cert: Some(pem),
+            root_cert: Some(pem.clone()),
         });
     }
-    let client = builder.build().map_err(|e| bad(e.to_string()))?;
-    let shared = Arc::new(Sentinels(tokio::sync::Mutex::new(client)));
-    Ok((
-        Source::Sentinel(shared.clone()),
-        Some(PubSubSource::Sentinel(shared)),
-    ))
+    builder.build()
 }
