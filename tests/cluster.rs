@@ -419,3 +419,106 @@ async fn without_sharded_pubsub_releases_still_work_and_waiters_poll() {
         logs.text()
     );
 }
+
+/// `id` of the first `cl:<prefix><n>` whose lock is in a slot that `node`
+/// owns and that is none of `not`, with that slot.
+fn id_on(cluster: &Cluster, node: usize, not: &[u16], prefix: &str) -> (String, u16) {
+    (0..1_000_000)
+        .map(|n| format!("{prefix}{n}"))
+        .map(|id| {
+            let slot = cluster.slot_of(&redis_name("cl", &id, "lock"));
+            (id, slot)
+        })
+        .find(|(_, slot)| !not.contains(slot) && cluster.node_for_slot(*slot) == node)
+        .expect("no key of the namespace hashes into those slots")
+}
+
+/// Issue 22 B1: with one primary frozen, a MOVED reply (a slot moved
+/// between two healthy primaries behind the store's back) makes the
+/// cluster client refresh its slot map, which asks every node; the frozen
+/// one never answers. Every node connection has a response timeout, so the
+/// refresh ends, a lock on a healthy node keeps being renewed across
+/// several leases, and grants on healthy slots keep answering within the
+/// command timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_node_and_a_moved_reply_stall_no_healthy_slot() {
+    // Healthy slots stay served while a node is down.
+    let cluster = Cluster::start_with(3, &["--cluster-require-full-coverage", "no"]);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let command_timeout = Duration::from_millis(500);
+    let lease = Duration::from_secs(3);
+    let st = RedisStore::cluster_builder(&urls)
+        .command_timeout(command_timeout)
+        .build()
+        .unwrap();
+    let l = Locker::builder(st).lease(lease).build().unwrap();
+
+    let (held_id, held_slot) = id_on(&cluster, 0, &[], "held");
+    let (moved_id, moved_slot) = id_on(&cluster, 0, &[held_slot], "moved");
+    let (frozen_id, _) = id_on(&cluster, 2, &[], "frozen");
+    let key = |id: &str| LockKey::new("cl", id).unwrap();
+    // The store has a connection to every node, the frozen one included.
+    let held = l.try_acquire(&key(&held_id)).await.unwrap();
+    assert!(
+        l.try_acquire(&key(&frozen_id))
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap()
+    );
+    let ids = cluster.node_ids();
+    let slot = moved_slot.to_string();
+    assert_eq!(
+        cluster.nodes[0]
+            .cmd(&["CLUSTER", "COUNTKEYSINSLOT", &slot])
+            .as_int(),
+        Some(0)
+    );
+
+    cluster.nodes[2].freeze();
+    // Move the (empty) slot from node 0 to node 1 behind the store's back:
+    // its next call there is answered MOVED.
+    for (node, args) in [
+        (1, ["CLUSTER", "SETSLOT", &slot, "IMPORTING", &ids[0]]),
+        (0, ["CLUSTER", "SETSLOT", &slot, "MIGRATING", &ids[1]]),
+        (1, ["CLUSTER", "SETSLOT", &slot, "NODE", &ids[1]]),
+        (0, ["CLUSTER", "SETSLOT", &slot, "NODE", &ids[1]]),
+    ] {
+        let reply = cluster.nodes[node].cmd(&args);
+        assert_eq!(
+            reply.as_string().as_deref(),
+            Some("OK"),
+            "{args:?}: {reply:?}"
+        );
+    }
+    let moved_calls = cluster.nodes[1].command_calls("evalsha");
+    let g = l.try_acquire(&key(&moved_id)).await.unwrap();
+    assert!(cluster.nodes[1].command_calls("evalsha") > moved_calls);
+    assert!(g.release().await.unwrap());
+
+    // For two leases, grants on healthy slots answer (each within the
+    // command timeout: the store bounds every call by it) and the held
+    // lock is renewed.
+    let started = tokio::time::Instant::now();
+    let mut n = 0;
+    while started.elapsed() < lease * 2 {
+        for node in [0, 1] {
+            let (id, _) = id_on(&cluster, node, &[], &format!("healthy{n}-"));
+            let t = tokio::time::Instant::now();
+            let g = l
+                .try_acquire(&key(&id))
+                .await
+                .unwrap_or_else(|e| panic!("grant {n} on node {node}: {e:?}"));
+            assert!(t.elapsed() <= command_timeout + Duration::from_millis(100));
+            assert!(g.release().await.unwrap());
+            n += 1;
+        }
+        assert!(held.is_held(), "the healthy lock was lost after {n} grants");
+    }
+    held.extend().await.unwrap();
+    assert!(held.is_held());
+    cluster.nodes[2].thaw();
+    assert!(held.release().await.unwrap());
+}

@@ -1,7 +1,13 @@
 //! The store on a Redis Cluster.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+
 use super::connection::Source;
 use super::notifier::PubSubSource;
+use super::settings::Pending;
 use super::{RedisStore, RedisStoreBuilder};
 use crate::error::ConfigError;
 
@@ -20,17 +26,14 @@ impl RedisStore {
     /// lives. A cluster that rejects `SSUBSCRIBE` (before Redis 7) still
     /// releases; its waiters poll, and a warning says so once.
     #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    ///
+    /// Every node connection has a response timeout of a quarter of the
+    /// command timeout: a frozen node costs the calls on its own slots, and
+    /// a slot-map refresh (after a MOVED reply, say) that asks it ends
+    /// within that bound instead of holding every slot behind it.
     pub fn cluster_builder(node_urls: &[&str]) -> RedisStoreBuilder {
-        let source = redis::cluster::ClusterClient::new(node_urls.to_vec())
-            .map_err(|e| ConfigError::new("cluster_urls", e.to_string()))
-            .map(|client| {
-                let nodes = node_urls.iter().map(|u| u.to_string()).collect();
-                (
-                    Source::Cluster(Box::new(client)),
-                    Some(PubSubSource::Cluster(nodes)),
-                )
-            });
-        RedisStoreBuilder::over(source)
+        let urls = node_urls.iter().map(|u| u.to_string()).collect();
+        RedisStoreBuilder::pending(Ok(Pending::Cluster(urls)))
     }
 
     /// A store with the defaults on a Redis Cluster:
@@ -39,4 +42,48 @@ impl RedisStore {
     pub fn cluster(node_urls: &[&str]) -> Result<Self, ConfigError> {
         Self::cluster_builder(node_urls).build()
     }
+}
+
+/// The bounds on every connection a cluster store opens to a node.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct NodeTimeouts {
+    /// How long a node may take to answer one request (or to accept a
+    /// connection): a quarter of the command timeout, so that a slot-map
+    /// refresh that meets a frozen node (a ping, a reconnect) ends well
+    /// within one command timeout.
+    per_node: Duration,
+}
+
+impl NodeTimeouts {
+    fn new(command_timeout: Duration) -> Self {
+        NodeTimeouts {
+            per_node: (command_timeout / 4).max(Duration::from_millis(1)),
+        }
+    }
+
+    /// `builder` with these bounds. No overall bound of the client's own:
+    /// the store's command timeout bounds every call (redirects included).
+    pub(super) fn apply(self, builder: ClusterClientBuilder) -> ClusterClientBuilder {
+        builder
+            .response_timeout(self.per_node)
+            .connection_timeout(self.per_node)
+            .overall_response_timeout(None)
+    }
+}
+
+/// The sources of a cluster store given some of its nodes.
+pub(super) fn sources(
+    urls: Vec<String>,
+    command_timeout: Duration,
+) -> Result<(Source, Option<PubSubSource>), ConfigError> {
+    let timeouts = NodeTimeouts::new(command_timeout);
+    let client: ClusterClient = timeouts
+        .apply(ClusterClientBuilder::new(urls.iter().map(String::as_str)))
+        .build()
+        .map_err(|e| ConfigError::new("cluster_urls", e.to_string()))?;
+    let nodes: Arc<[String]> = urls.into();
+    Ok((
+        Source::Cluster(Box::new(client)),
+        Some(PubSubSource::Cluster(nodes, timeouts)),
+    ))
 }

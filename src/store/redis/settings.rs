@@ -60,6 +60,10 @@ pub(super) enum Pending {
         urls: Vec<String>,
         master: String,
     },
+    /// A cluster's clients are made in `build`, with per-node timeouts
+    /// from the command timeout.
+    #[cfg(feature = "cluster")]
+    Cluster(Vec<String>),
 }
 
 impl std::fmt::Debug for RedisStoreBuilder {
@@ -281,6 +285,17 @@ impl RedisStoreBuilder {
             #[cfg(feature = "sentinel")]
             Pending::Sentinel { urls, master } => {
                 super::sentinel::sources(&urls, &master, self.data_nodes.unwrap_or_default())?
+            }
+            #[cfg(feature = "cluster")]
+            Pending::Cluster(urls) => {
+                #[cfg(feature = "sentinel")]
+                if self.data_nodes.is_some() {
+                    return Err(ConfigError::new(
+                        "data_nodes",
+                        "only a Sentinel store has data nodes apart from its URLs",
+                    ));
+                }
+                super::cluster::sources(urls, self.settings.command_timeout)?
             }
         };
         let mut s = self.settings;

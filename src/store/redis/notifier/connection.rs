@@ -32,7 +32,7 @@ pub(in crate::store::redis) enum PubSubSource {
     Sentinel(Arc<crate::store::redis::sentinel::Sentinels>),
     /// A Redis Cluster, given some of its nodes: sharded pub/sub.
     #[cfg(feature = "cluster")]
-    Cluster(Arc<[String]>),
+    Cluster(Arc<[String]>, crate::store::redis::cluster::NodeTimeouts),
 }
 
 impl PubSubSource {
@@ -43,18 +43,20 @@ impl PubSubSource {
             #[cfg(feature = "sentinel")]
             PubSubSource::Sentinel(s) => s.primary().await?,
             #[cfg(feature = "cluster")]
-            PubSubSource::Cluster(nodes) => {
+            PubSubSource::Cluster(nodes, timeouts) => {
                 // Pushes (messages, confirmations, disconnections) of every
                 // node arrive on `pushes`; the client resubscribes a node's
                 // channels when it reconnects to it.
                 let (pushes, rx) = mpsc::unbounded_channel();
-                let conn =
-                    redis::cluster::ClusterClientBuilder::new(nodes.iter().map(String::as_str))
-                        .use_protocol(redis::ProtocolVersion::RESP3)
-                        .push_sender(pushes)
-                        .build()?
-                        .get_async_connection()
-                        .await?;
+                let builder =
+                    redis::cluster::ClusterClientBuilder::new(nodes.iter().map(String::as_str));
+                let conn = timeouts
+                    .apply(builder)
+                    .use_protocol(redis::ProtocolVersion::RESP3)
+                    .push_sender(pushes)
+                    .build()?
+                    .get_async_connection()
+                    .await?;
                 return Ok(Connection {
                     sub: Subscriber::Sharded(Box::new(conn)),
                     _reader: Reader(tokio::spawn(feed.read_pushes(rx))),

@@ -318,7 +318,7 @@ impl Task {
     fn fall_back_to_polling(&mut self, why: &Failure) {
         let needs = match self.source {
             #[cfg(feature = "cluster")]
-            PubSubSource::Cluster(_) => "sharded pub/sub (SSUBSCRIBE, Redis 7)",
+            PubSubSource::Cluster(..) => "sharded pub/sub (SSUBSCRIBE, Redis 7)",
             _ => "pub/sub (SUBSCRIBE)",
         };
         let error = match why {
