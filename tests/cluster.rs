@@ -433,6 +433,21 @@ fn id_on(cluster: &Cluster, node: usize, not: &[u16], prefix: &str) -> (String, 
         .expect("no key of the namespace hashes into those slots")
 }
 
+/// A locker on `cluster` with the command timeout and lease given.
+fn timed_locker(
+    cluster: &Cluster,
+    command_timeout: Duration,
+    lease: Duration,
+) -> Locker<RedisStore> {
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let st = RedisStore::cluster_builder(&urls)
+        .command_timeout(command_timeout)
+        .build()
+        .unwrap();
+    Locker::builder(st).lease(lease).build().unwrap()
+}
+
 /// Issue 22 B1: with one primary frozen, a MOVED reply (a slot moved
 /// between two healthy primaries behind the store's back) makes the
 /// cluster client refresh its slot map, which asks every node; the frozen
@@ -444,15 +459,9 @@ fn id_on(cluster: &Cluster, node: usize, not: &[u16], prefix: &str) -> (String, 
 async fn a_frozen_node_and_a_moved_reply_stall_no_healthy_slot() {
     // Healthy slots stay served while a node is down.
     let cluster = Cluster::start_with(3, &["--cluster-require-full-coverage", "no"]);
-    let urls = cluster.urls();
-    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     let command_timeout = Duration::from_millis(500);
     let lease = Duration::from_secs(3);
-    let st = RedisStore::cluster_builder(&urls)
-        .command_timeout(command_timeout)
-        .build()
-        .unwrap();
-    let l = Locker::builder(st).lease(lease).build().unwrap();
+    let l = timed_locker(&cluster, command_timeout, lease);
 
     let (held_id, held_slot) = id_on(&cluster, 0, &[], "held");
     let (moved_id, moved_slot) = id_on(&cluster, 0, &[held_slot], "moved");
@@ -522,3 +531,95 @@ async fn a_frozen_node_and_a_moved_reply_stall_no_healthy_slot() {
     cluster.nodes[2].thaw();
     assert!(held.release().await.unwrap());
 }
+
+/// Issue 22 B2: when a primary freezes and its replica takes over, the
+/// store follows: a frozen primary answers neither an error nor a
+/// redirect, so the store refreshes its view of the cluster when calls
+/// time out on it. Once every healthy node names the new primary, a grant
+/// of a key of that slot succeeds within `FOLLOW_BOUND`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_follows_a_replica_that_takes_over_from_a_frozen_primary() {
+    use support::topology::{Role, role};
+    let cluster = Cluster::start_with_replicas(
+        3,
+        1,
+        &[
+            "--cluster-require-full-coverage",
+            "no",
+            // Replicas sync at once, and one may take over however long
+            // its link has been down.
+            "--repl-diskless-sync-delay",
+            "0",
+            "--cluster-replica-validity-factor",
+            "0",
+        ],
+    );
+    let l = timed_locker(&cluster, Duration::from_millis(500), Duration::from_secs(5));
+    let replicas = cluster.replica_indices();
+    let primary = (0..cluster.nodes.len())
+        .find(|i| !replicas.contains(i))
+        .unwrap();
+    let replica = replicas
+        .iter()
+        .copied()
+        .find(|&r| {
+            matches!(role(&cluster.nodes[r]),
+                Ok(Role::Replica { master_port, .. }) if master_port == cluster.nodes[primary].port())
+        })
+        .expect("a replica of the primary");
+    let (id, slot) = id_on(&cluster, primary, &[], "failover");
+    let k = LockKey::new("cl", &id).unwrap();
+    // The store knows the slot's primary.
+    assert!(l.try_acquire(&k).await.unwrap().release().await.unwrap());
+
+    let linked = || matches!(role(&cluster.nodes[replica]), Ok(Role::Replica { state, .. }) if state == "connected");
+    assert!(support::wait_until(Duration::from_secs(10), linked));
+    cluster.nodes[primary].freeze();
+    // Calls keep coming meanwhile, and time out (the store cannot know
+    // yet); they stop once the promotion is seen.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let caller = {
+        let (l, k, stop) = (l.clone(), k.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(g) = l.try_acquire(&k).await {
+                    let _ = g.release().await;
+                }
+            }
+        })
+    };
+    // Wait for the healthy nodes to name the replica as the slot's owner.
+    let healthy: Vec<usize> = (0..cluster.nodes.len()).filter(|&i| i != primary).collect();
+    let replica_port = cluster.nodes[replica].port();
+    let owner_is_replica = || {
+        healthy
+            .iter()
+            .all(|&i| cluster.owner_port_per(i, slot) == Ok(replica_port))
+    };
+    assert!(
+        support::wait_until(Duration::from_secs(30), owner_is_replica),
+        "the replica never took over\n{}",
+        cluster.diagnostics()
+    );
+    stop.store(true, Ordering::Relaxed);
+    caller.await.unwrap();
+    let promoted = std::time::Instant::now();
+    let mut last = None;
+    let g = support::eventually_some(FOLLOW_BOUND, async || {
+        l.try_acquire(&k).await.map_err(|e| last = Some(e)).ok()
+    })
+    .await
+    .unwrap_or_else(|| panic!("no grant within {FOLLOW_BOUND:?} of the promotion: {last:?}"));
+    assert!(
+        cluster.nodes[replica]
+            .keys()
+            .contains(&redis_name("cl", &id, "lock"))
+    );
+    assert!(promoted.elapsed() < FOLLOW_BOUND);
+    assert!(g.release().await.unwrap());
+    cluster.nodes[primary].thaw();
+}
+
+/// How soon after a promotion the store follows (with a 500 ms command
+/// timeout): a few timed-out calls, then one refresh.
+const FOLLOW_BOUND: Duration = Duration::from_secs(3);

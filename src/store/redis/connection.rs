@@ -157,6 +157,7 @@ impl RedisStore {
         }
         self.check_eviction(&mut conn, op, key).await?;
         *lock(&self.inner.conn) = Some(conn.clone());
+        *lock(&self.inner.conn_opened) = Some(std::time::Instant::now());
         Ok(conn)
     }
 
@@ -243,6 +244,20 @@ impl RedisStore {
                 #[cfg(feature = "sentinel")]
                 if let Source::Sentinel(_) = self.inner.source {
                     self.forget_connections();
+                }
+                // On a cluster, a silent primary may have been replaced by
+                // its replica: the client would never learn it (it refreshes
+                // its slot map only on an error or a redirect, and a frozen
+                // node gives neither), so the next call opens a new cluster
+                // connection, which reads the slot map afresh. At most once
+                // per command timeout, so that a node that stays frozen does
+                // not have every healthy call wait for a reconnect.
+                #[cfg(feature = "cluster")]
+                if let Source::Cluster(_) = self.inner.source {
+                    let opened = *lock(&self.inner.conn_opened);
+                    if opened.is_some_and(|at| at.elapsed() >= self.inner.timeout) {
+                        self.forget_connections();
+                    }
                 }
                 Err(timeout_error(op, key, bound))
             }

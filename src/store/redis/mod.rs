@@ -89,6 +89,9 @@ pub struct RedisStore {
 struct Inner {
     source: Source,
     conn: Mutex<Option<Conn>>,
+    /// When the shared connection was opened: a cluster connection is
+    /// replaced after a timeout only once it is a command timeout old.
+    conn_opened: Mutex<Option<std::time::Instant>>,
     /// Held while a new connection is checked out, so a burst of requests
     /// after a disconnect opens one connection, not one each.
     connecting: tokio::sync::Mutex<()>,

@@ -127,6 +127,7 @@ impl RedisStore {
             inner: Arc::new(Inner {
                 source,
                 conn: Mutex::new(None),
+                conn_opened: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 prefix: s.prefix,
                 fence_retention_ms: ms(s.fence_retention),

@@ -136,6 +136,18 @@ impl Cluster {
             .collect()
     }
 
+    /// The port of the primary that node `node` says owns `slot`, per its
+    /// own `CLUSTER SLOTS` (`Err` if it does not answer within 1 s or
+    /// names no owner).
+    pub fn owner_port_per(&self, node: usize, slot: u16) -> Result<u16, String> {
+        let reply = self.nodes[node].try_cmd(&["CLUSTER", "SLOTS"])?;
+        parse_cluster_slots(&reply)?
+            .into_iter()
+            .find(|&(start, end, _)| (start..=end).contains(&slot))
+            .map(|(_, _, port)| port)
+            .ok_or_else(|| format!("slot {slot} has no owner"))
+    }
+
     /// Number of slots each node owns (indexed like `nodes`).
     pub fn slot_counts(&self) -> Vec<usize> {
         let mut counts = vec![0; self.nodes.len()];
