@@ -115,7 +115,7 @@ fn sentinel_builder(set: &SentinelSet, userinfo: &str) -> RedisStoreBuilder {
 }
 
 /// Sentinel and data nodes behind the same `requirepass`, given in the
-/// Sentinel URLs only (issue 22: every acquire failed with NOAUTH).
+/// Sentinel URLs only (before, every acquire failed with NOAUTH).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_data_nodes_take_the_password_of_the_sentinel_urls() {
     let set = sentinel_set(&[], &["--requirepass", "pw"], "sentinel sentinel-pass pw");

@@ -378,7 +378,7 @@ async fn redlock_write_back_and_rollback_reload_their_scripts() {
 }
 
 /// On a Cluster the script is reloaded where the call goes, the primary
-/// of its slot (issue 21): `SCRIPT LOAD` as a plain command goes to every
+/// of its slot: `SCRIPT LOAD` as a plain command goes to every
 /// node the cluster connection knows, so one frozen node failed every
 /// reload until the command timeout. Three primaries with a replica
 /// each, and a node timeout longer than the test (no failover); after

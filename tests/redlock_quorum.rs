@@ -70,7 +70,7 @@ async fn a_frozen_minority_holds_back_neither_the_grant_nor_the_release() {
     assert!(unlocked, "a straggler's grant was left behind");
 }
 
-/// The owner-checked writes answer at a quorum too (issue 21: what else
+/// The owner-checked writes answer at a quorum too (what else
 /// waited for every node): with two nodes of five frozen, a renewal, a
 /// batch of renewals and a finish each answer from the other three, and
 /// the frozen nodes run theirs when they are back (no lock left there).

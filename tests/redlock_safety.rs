@@ -119,7 +119,7 @@ async fn grant_by_all_five(
     // grant waits for the nodes after the quorum — the window in which
     // `last`, thawed once the others granted, must answer. One second, so
     // that a loaded machine's polling and thawing fit in it (200 ms did
-    // not: issue 21's runs saw 6 scripts, a write-back, once in 20).
+    // not: earlier runs saw 6 scripts, a write-back, once in 20).
     tokio::time::sleep(Duration::from_secs(1)).await;
     let others: Vec<usize> = (0..servers.len()).filter(|&i| Some(i) != last).collect();
     for &i in &others {
@@ -163,7 +163,7 @@ async fn a_grant_by_every_node_is_above_the_majority_that_counted_last() {
 /// `LATE` after the other four, far past a wait "as long again" as the
 /// quorum took. Four counters alone cannot give the median back (the
 /// largest of them is above it), so the re-entry waits for node 4. (It
-/// did not: issue 21 saw this test fail by chance when node 4's answer
+/// did not: this test failed by chance when node 4's answer
 /// landed late; it now lands late on every run.) With node 4 frozen past
 /// half the re-entry's validity, the re-entry cannot know the grant's
 /// token: it answers the largest of the four counters, written back —

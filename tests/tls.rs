@@ -3,7 +3,7 @@
 //! certificate the client does not trust is refused promptly, with an
 //! error, never a hang.
 //!
-//! Behind Sentinel (issue 22): Sentinels and data nodes serving TLS, the
+//! Behind Sentinel: Sentinels and data nodes serving TLS, the
 //! store reaches the primary over TLS too (commands, `WAIT`,
 //! notifications), trusting extra root certificates where given, and a
 //! data node whose certificate it does not trust is a TLS error.
@@ -354,7 +354,7 @@ fn tls_sentinel_builder(set: &SentinelSet) -> RedisStoreBuilder {
         .wait_replicas(1, Duration::from_millis(500), ReplicaShortfall::Fail)
 }
 
-/// The data nodes take the Sentinel URLs' TLS mode (issue 22: the store
+/// The data nodes take the Sentinel URLs' TLS mode (before, the store
 /// dialled the primary's TLS port in plain TCP, and every acquire failed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_data_nodes_take_the_tls_of_the_sentinel_urls() {

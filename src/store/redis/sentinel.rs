@@ -51,8 +51,8 @@ impl RedisStore {
 /// One client per Sentinel, not one client for all: redis-rs' client asks
 /// its Sentinels concurrently but takes their answers in list order, each
 /// after up to its own 500 ms response timeout, so a frozen first Sentinel
-/// would hold every lookup for 500 ms, past a shorter command timeout
-/// (issue 22 B4). Here the first Sentinel to name a primary that confirms
+/// would hold every lookup for 500 ms, past a shorter command timeout.
+/// Here the first Sentinel to name a primary that confirms
 /// its role wins, whatever the list order; the caller's command timeout
 /// bounds the lookup.
 pub(super) struct Sentinels(Vec<tokio::sync::Mutex<SentinelClient>>);
