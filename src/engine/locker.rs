@@ -1,7 +1,7 @@
 //! The lock engine: acquiring with a wait, and handing out guards.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -76,7 +76,7 @@ pub(crate) struct Inner<S> {
     pub(crate) erased: BoxStore,
     pub(crate) opts: Options,
     /// The renewal schedulers, one per runtime the locker grants on.
-    watchdogs: Mutex<Vec<Watchdog>>,
+    watchdogs: RwLock<Vec<Watchdog>>,
     pub(crate) next_id: AtomicU64,
     pub(crate) queues: Queues,
 }
@@ -104,7 +104,7 @@ impl<S: LockStore> Locker<S> {
                 erased: BoxStore::from_arc(store.clone()),
                 store,
                 opts,
-                watchdogs: Mutex::default(),
+                watchdogs: RwLock::default(),
                 next_id: AtomicU64::new(0),
                 queues: Queues::default(),
             }),
@@ -131,7 +131,7 @@ impl<S: LockStore> Locker<S> {
         let all = self
             .inner
             .watchdogs
-            .lock()
+            .read()
             .unwrap_or_else(|p| p.into_inner());
         all.iter().map(Watchdog::renewing).sum()
     }
@@ -229,11 +229,15 @@ impl<S: LockStore> Locker<S> {
     /// reported lost; one that idles (kept, no longer driven) stalls only
     /// its own leases, whose holders stall with it.
     pub(crate) fn watchdog(&self, runtime: &tokio::runtime::Handle) -> Watchdog {
-        let mut all = self
-            .inner
-            .watchdogs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let watchdogs = &self.inner.watchdogs;
+        {
+            // The usual case, read-only: the runtime's task runs already.
+            let all = watchdogs.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(w) = all.iter().find(|w| w.serves(runtime)) {
+                return w.clone();
+            }
+        }
+        let mut all = watchdogs.write().unwrap_or_else(|p| p.into_inner());
         if let Some(w) = all.iter().find(|w| w.serves(runtime)) {
             return w.clone();
         }
