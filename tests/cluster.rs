@@ -569,8 +569,19 @@ async fn the_store_follows_a_replica_that_takes_over_from_a_frozen_primary() {
         .expect("a replica of the primary");
     let (id, slot) = id_on(&cluster, primary, &[], "failover");
     let k = LockKey::new("cl", &id).unwrap();
-    // The store knows the slot's primary.
+    // The store knows the slot's primary, and its notifications work: a
+    // waiter on the same store is woken by another process's release.
     assert!(l.try_acquire(&k).await.unwrap().release().await.unwrap());
+    let waiting = Locker::builder(l.store().clone())
+        .wait_timeout(Duration::from_secs(20))
+        .poll_interval(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let before = woken_after_release(&waiting, &cluster, primary, &k).await;
+    assert!(
+        before < Duration::from_secs(1),
+        "woken {before:?} after the release"
+    );
 
     let linked = || matches!(role(&cluster.nodes[replica]), Ok(Role::Replica { state, .. }) if state == "connected");
     assert!(support::wait_until(Duration::from_secs(10), linked));
@@ -617,7 +628,53 @@ async fn the_store_follows_a_replica_that_takes_over_from_a_frozen_primary() {
     );
     assert!(promoted.elapsed() < FOLLOW_BOUND);
     assert!(g.release().await.unwrap());
+
+    // Its release notifications follow too: a waiter of the slot (polling
+    // only once a minute), subscribed before the failover, is woken after
+    // it by a release in another process, not by its poll near the end of
+    // the holder's lease. (The sharded pub/sub connection kept sending the
+    // slot's subscriptions to the frozen process: woken after 4.7 s of an
+    // 8 s lease.)
+    let after = woken_after_release(&waiting, &cluster, replica, &k).await;
+    assert!(
+        after < Duration::from_secs(1),
+        "woken {after:?} after the release: by its poll, not the notification"
+    );
     cluster.nodes[primary].thaw();
+}
+
+/// How long after another process's release `waiting` gets `k`, which it
+/// waits for (the holder holds an 8 s lease); `owner` is the node of the
+/// key's slot.
+async fn woken_after_release(
+    waiting: &Locker<RedisStore>,
+    cluster: &Cluster,
+    owner: usize,
+    k: &LockKey,
+) -> Duration {
+    let other = timed_locker(cluster, Duration::from_millis(500), Duration::from_secs(8));
+    let held = support::eventually_some(FOLLOW_BOUND, async || other.try_acquire(k).await.ok())
+        .await
+        .expect("another process's grant");
+    let waiter = {
+        let (w, k) = (waiting.clone(), k.clone());
+        tokio::spawn(async move { w.acquire(&k).await })
+    };
+    assert!(eventually(Duration::from_secs(5), async || waiting.has_waiters(k)).await);
+    // The waiter subscribes on the slot's primary, `owner` (without the
+    // fix, it never does after the failover: the wake-up below tells).
+    let channel = redis_name("cl", k.id(), "released");
+    let subscribed = || {
+        let n = cluster.nodes[owner].cmd(&["PUBSUB", "SHARDNUMSUB", &channel]);
+        n.as_array().and_then(|a| a.get(1)).and_then(|v| v.as_int()) == Some(1)
+    };
+    let _ = support::wait_until(Duration::from_secs(5), subscribed);
+    let released = std::time::Instant::now();
+    assert!(held.release().await.unwrap());
+    let got = waiter.await.unwrap().expect("the waiter's grant");
+    let woken = released.elapsed();
+    assert!(got.release().await.unwrap());
+    woken
 }
 
 /// How soon after a promotion the store follows (with a 500 ms command

@@ -241,13 +241,36 @@ impl Subscriber {
         }
     }
 
-    /// A plain connection is dropped after a failed command (it may be half
-    /// broken); a cluster connection repairs its node connections itself.
-    pub(super) fn keep_after_failure(&self) -> bool {
+    /// A cluster's sharded pub/sub connection.
+    pub(super) fn is_sharded(&self) -> bool {
         match self {
             Subscriber::Plain(_) => false,
             #[cfg(feature = "cluster")]
             Subscriber::Sharded(_) => true,
+        }
+    }
+
+    /// Whether the connection is kept after `failure`. A plain connection is
+    /// dropped after any failed command (it may be half broken). A cluster
+    /// connection repairs its node connections itself after an error, but
+    /// not after a node that timed out or could not be reached: a frozen primary answers neither an error nor a
+    /// redirect, so its slot map would keep sending that slot's
+    /// subscriptions to the frozen process after its replica took over.
+    /// Dropped, the connection is made again (a fresh slot map) at the next
+    /// subscription, after the retry pause, and every channel is subscribed
+    /// again, its waiters woken (a release may have been missed).
+    pub(super) fn keep_after(&self, failure: &Failure) -> bool {
+        match self {
+            Subscriber::Plain(_) => false,
+            #[cfg(feature = "cluster")]
+            Subscriber::Sharded(_) => match failure {
+                Failure::Timeout => false,
+                // (A node that does not answer in time, or cannot be
+                // reached, as its own connection reports it.)
+                Failure::Redis(e) => {
+                    !(e.is_timeout() || e.is_io_error() || e.is_connection_dropped())
+                }
+            },
         }
     }
 }

@@ -198,8 +198,8 @@ impl Task {
         }
         if let Some(c) = &mut self.conn
             && !gone.is_empty()
-            && c.sub.unsubscribe(&gone, self.timeout).await.is_err()
-            && !c.sub.keep_after_failure()
+            && let Err(f) = c.sub.unsubscribe(&gone, self.timeout).await
+            && !c.sub.keep_after(&f)
         {
             self.close();
         }
@@ -219,28 +219,26 @@ impl Task {
             if self.conn.is_none() {
                 all_failed = self.connect().await.err();
             }
-            if let Some(c) = &mut self.conn {
-                let outcomes = c.sub.subscribe(&wanted, self.timeout).await;
-                let mut map = lock(&self.channels);
-                for (name, outcome) in wanted.iter().zip(outcomes) {
-                    match (outcome, map.get_mut(name)) {
-                        (Ok(()), Some(ch)) => {
-                            if ch.state == State::Lost {
-                                ch.tx.send_modify(|n| *n = n.wrapping_add(1));
-                            }
-                            ch.state = State::Live;
-                        }
-                        (Ok(()), None) => {}
-                        (Err(f), _) => {
-                            failed.insert(name.clone(), f);
-                        }
-                    }
+            self.try_subscribe(&wanted, &mut failed).await;
+            // A cluster connection that found a node frozen or gone keeps
+            // that node in its slot map (no error, no redirect tells it
+            // otherwise): it is made again, with a fresh slot map, and the
+            // failed channels tried once more on it.
+            let remake = self.conn.as_ref().is_some_and(|c| {
+                c.sub.is_sharded() && failed.values().any(|f| !c.sub.keep_after(f))
+            });
+            if remake {
+                self.close();
+                if self.connect().await.is_ok() {
+                    let again: Vec<String> = failed.keys().cloned().collect();
+                    failed.clear();
+                    self.try_subscribe(&again, &mut failed).await;
                 }
             }
             let keep = self
                 .conn
                 .as_ref()
-                .is_some_and(|c| c.sub.keep_after_failure());
+                .is_some_and(|c| failed.values().all(|f| c.sub.keep_after(f)));
             if let Some(why) = all_failed
                 .iter()
                 .chain(failed.values())
@@ -301,6 +299,30 @@ impl Task {
         } else {
             self.retry_at = None;
             self.backoff = RETRY_FIRST;
+        }
+    }
+
+    /// Subscribes `wanted` on the connection (if any), marking each live or
+    /// noting why it failed.
+    async fn try_subscribe(&mut self, wanted: &[String], failed: &mut HashMap<String, Failure>) {
+        let Some(c) = &mut self.conn else {
+            return;
+        };
+        let outcomes = c.sub.subscribe(wanted, self.timeout).await;
+        let mut map = lock(&self.channels);
+        for (name, outcome) in wanted.iter().zip(outcomes) {
+            match (outcome, map.get_mut(name)) {
+                (Ok(()), Some(ch)) => {
+                    if ch.state == State::Lost {
+                        ch.tx.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                    ch.state = State::Live;
+                }
+                (Ok(()), None) => {}
+                (Err(f), _) => {
+                    failed.insert(name.clone(), f);
+                }
+            }
         }
     }
 
