@@ -253,15 +253,18 @@ impl Subscriber {
     /// Whether the connection is kept after `failure`. A plain connection is
     /// dropped after any failed command (it may be half broken). A cluster
     /// connection repairs its node connections itself after an error, but
-    /// not after a node that timed out or could not be reached: a frozen primary answers neither an error nor a
-    /// redirect, so its slot map would keep sending that slot's
-    /// subscriptions to the frozen process after its replica took over.
-    /// Dropped, the connection is made again (a fresh slot map) at the next
-    /// subscription, after the retry pause, and every channel is subscribed
-    /// again, its waiters woken (a release may have been missed).
+    /// not after a node that timed out or could not be reached: a frozen
+    /// primary answers neither an error nor a redirect, so its slot map
+    /// would keep sending that slot's subscriptions to the frozen process
+    /// after its replica took over. Such a connection is made again at once
+    /// (a fresh slot map) and the subscription tried once more on it (see
+    /// `Task::subscribe`).
     pub(super) fn keep_after(&self, failure: &Failure) -> bool {
         match self {
-            Subscriber::Plain(_) => false,
+            Subscriber::Plain(_) => {
+                let _ = failure;
+                false
+            }
             #[cfg(feature = "cluster")]
             Subscriber::Sharded(_) => match failure {
                 Failure::Timeout => false,
