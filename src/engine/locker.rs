@@ -124,9 +124,10 @@ impl<S: LockStore> Locker<S> {
     /// How many leases the watchdog is renewing right now (granted and
     /// neither released nor found lost).
     ///
-    /// A test hook (tests wait for leases to be dropped), not part of the
-    /// stable API.
-    #[doc(hidden)]
+    /// A test hook (feature `test-util`): tests wait for leases to be
+    /// dropped.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn renewing(&self) -> usize {
         let all = self
             .inner
@@ -215,9 +216,10 @@ impl<S: LockStore> Locker<S> {
 
     /// Whether a task of this locker is waiting for `key` right now.
     ///
-    /// A test hook (tests wait for a waiter to be queued), not part of the
-    /// stable API.
-    #[doc(hidden)]
+    /// A test hook (feature `test-util`): tests wait for a waiter to be
+    /// queued.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn has_waiters(&self, key: &LockKey) -> bool {
         self.inner.queues.has_waiters(key)
     }

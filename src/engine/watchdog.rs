@@ -201,6 +201,7 @@ impl Watchdog {
 
     /// How many leases are being renewed (granted, neither released nor
     /// found lost).
+    #[cfg_attr(not(any(test, feature = "test-util")), allow(dead_code))]
     pub(crate) fn renewing(&self) -> usize {
         self.table().entries.len()
     }

@@ -118,7 +118,8 @@ impl redis::ToRedisArgs for Name<'_> {
 impl RedisStore {
     /// The Redis key that holds `key`'s lock. A test hook (README's "Key
     /// layout" documents the names), not part of the stable API.
-    #[doc(hidden)]
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn lock_key(&self, key: &LockKey) -> String {
         self.name(key, LOCK).to_string()
     }
@@ -131,7 +132,8 @@ impl RedisStore {
 
     /// The Redis key that holds `key`'s completed record. A test hook, not
     /// part of the stable API.
-    #[doc(hidden)]
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn record_key(&self, key: &LockKey) -> String {
         self.name(key, RECORD).to_string()
     }

@@ -140,7 +140,8 @@ impl RedisStore {
     /// Test support: how many release channels the store's notifier keeps
     /// (subscribed or wanted) and the capacity of its map; `(0, 0)` before
     /// the first subscribe or without notifications.
-    #[doc(hidden)]
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn notification_channels(&self) -> (usize, usize) {
         self.inner.notifier.get().map_or((0, 0), Notifier::channels)
     }

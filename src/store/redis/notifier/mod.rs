@@ -37,6 +37,8 @@ pub(super) use connection::PubSubSource;
 
 pub(super) struct Notifier {
     cmds: mpsc::UnboundedSender<Cmd>,
+    /// (Read by the `test-util` hook `RedisStore::notification_channels`.)
+    #[cfg_attr(not(any(test, feature = "test-util")), allow(dead_code))]
     channels: Channels,
 }
 
@@ -69,6 +71,7 @@ impl Notifier {
 
     /// How many channels the notifier keeps (subscribed, or wanted), and
     /// the capacity of its map.
+    #[cfg_attr(not(any(test, feature = "test-util")), allow(dead_code))]
     pub(super) fn channels(&self) -> (usize, usize) {
         let map = lock(&self.channels);
         (map.len(), map.capacity())
