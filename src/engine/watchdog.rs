@@ -298,15 +298,18 @@ async fn run<S: LockStore>(
             let store = store.clone();
             in_flight.spawn(async move {
                 let started = Instant::now();
-                // A store that panics answers every renewal of the batch
-                // with an error: retried after a pause like any failure,
-                // never left in flight (and never renewed again) for good.
-                // (The call inside the guarded future: a store may panic
-                // before it returns one, too.)
+                // A store that panics (in its future, or before it returns
+                // one) answers nothing: every renewal of the batch then
+                // counts as failed, as any renewal left without an answer
+                // does, and is retried after a pause, never left in flight
+                // (and never renewed again) for good.
                 let results = AssertUnwindSafe(async { store.extend_many(&renewals).await })
                     .catch_unwind()
                     .await
-                    .unwrap_or_else(|_| panicked(renewals.len()));
+                    .unwrap_or_else(|_| {
+                        tracing::error!("the lock store panicked while renewing leases");
+                        Vec::new()
+                    });
                 tracing::trace!(
                     count = renewals.len(),
                     failed = results.iter().filter(|r| r.is_err()).count(),
@@ -336,19 +339,6 @@ async fn run<S: LockStore>(
     }
 }
 
-/// The answers to a batch whose `extend_many` panicked: an error each.
-fn panicked(n: usize) -> Vec<Result<bool, crate::Error>> {
-    (0..n)
-        .map(|_| {
-            Err(crate::Error::Unavailable {
-                op: crate::Operation::Extend,
-                key: None,
-                source: "the store panicked while renewing".into(),
-            })
-        })
-        .collect()
-}
-
 /// The leases to renew now (id, lease to ask for): those whose renewal is
 /// due within the coalescing window; a deadline counts only once it has
 /// passed (the lease is then lost). Entries waiting for their deadline
@@ -369,10 +359,8 @@ fn take_due(t: &mut Table, now: Instant, window: Duration) -> Vec<(u64, Duration
             t.queue.remove(&(at, id));
             continue;
         };
-        if !e.lease.is_active() || now >= e.lease.valid_until() {
-            if e.lease.is_active() {
-                e.lease.mark_lost(LossReason::Expired);
-            }
+        // Lost (flipped here if its deadline has passed) or released.
+        if e.lease.expire_if_due() || !e.lease.is_active() {
             t.queue.remove(&(at, id));
             t.entries.remove(&id);
             continue;
@@ -461,7 +449,9 @@ fn apply_results(
             Err(crate::Error::Unavailable {
                 op: crate::Operation::Extend,
                 key: None,
-                source: "the store answered fewer renewals than it was sent".into(),
+                source: "the store gave no answer for this renewal (fewer answers than \
+                         renewals, or it panicked)"
+                    .into(),
             })
         });
         let Some(e) = t.entries.get_mut(&id) else {
