@@ -211,6 +211,18 @@ async fn an_inner_layer_reached_on_another_task_still_re_enters() {
     assert_eq!(store.held_count(), 0);
 }
 
+/// An idempotent layer keyed on the `X-Event-Id` header, namespace `events`.
+fn idempotent_events(store: &MemoryStore) -> LockLayer<MemoryStore> {
+    LockLayer::builder(
+        Locker::new(store.clone()),
+        KeyFrom::header(http::HeaderName::from_static("x-event-id")),
+    )
+    .namespace("events")
+    .idempotent(tower_redis_lock::Idempotency::new())
+    .build()
+    .unwrap()
+}
+
 /// An idempotent layer around a second lock layer (on another key) that
 /// answers contention with 423, or through a rejection hook with a status
 /// the store policy would keep: the refusal is sent, never stored, so the
@@ -221,7 +233,7 @@ async fn an_inner_layers_refusal_is_never_stored_by_an_outer_idempotent_layer() 
     use http::HeaderName;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
-    use tower_redis_lock::{Idempotency, LockKey, Problem};
+    use tower_redis_lock::{LockKey, Problem};
 
     let hooked = |p: &Problem| (StatusCode::ACCEPTED, format!("later: {}", p.detail()));
     for (name, hook) in [("423", None), ("hook", Some(hooked))] {
@@ -237,14 +249,7 @@ async fn an_inner_layers_refusal_is_never_stored_by_an_outer_idempotent_layer() 
         if let Some(hook) = hook {
             inner = inner.on_rejection(hook);
         }
-        let outer = LockLayer::builder(
-            Locker::new(store.clone()),
-            KeyFrom::header(HeaderName::from_static("x-event-id")),
-        )
-        .namespace("events")
-        .idempotent(Idempotency::new())
-        .build()
-        .unwrap();
+        let outer = idempotent_events(&store);
         let app = Router::new()
             .route(
                 "/events",
@@ -302,22 +307,14 @@ async fn an_inner_layers_refusal_is_never_stored_by_an_outer_idempotent_layer() 
 /// runs the handler again (the documented opt-out, not a silent loss).
 #[tokio::test]
 async fn a_handler_that_releases_its_lock_opts_out_of_the_record() {
-    use http::HeaderName;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
-    use tower_redis_lock::{Idempotency, LockKey, LockStore};
+    use tower_redis_lock::{LockKey, LockStore};
 
     let store = MemoryStore::new();
     let runs = Arc::new(AtomicU32::new(0));
     let seen = runs.clone();
-    let layer = LockLayer::builder(
-        Locker::new(store.clone()),
-        KeyFrom::header(HeaderName::from_static("x-event-id")),
-    )
-    .namespace("events")
-    .idempotent(Idempotency::new())
-    .build()
-    .unwrap();
+    let layer = idempotent_events(&store);
     let app = Router::new()
         .route(
             "/events",
