@@ -7,11 +7,13 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use redis::RedisError;
 use redis::aio::MultiplexedConnection;
+use redis::{Cmd, RedisError, RedisResult, Script};
 
 use super::RedisStore;
-use super::scripts::PRELOADED;
+#[cfg(feature = "cluster")]
+use super::scripts::source_of;
+use super::scripts::{LoadFor, PRELOADED};
 use crate::error::BoxError;
 #[cfg(feature = "cluster")]
 use crate::error::ConfigError;
@@ -292,5 +294,48 @@ fn pool_error(op: Operation, key: Option<&LockKey>, e: deadpool_redis::PoolError
             key: key.cloned(),
             source: Box::new(other) as BoxError,
         },
+    }
+}
+
+/// A script reloaded after `NOSCRIPT` where the call goes (see
+/// [`LoadFor`]).
+impl LoadFor for Conn {
+    fn load_for(
+        &mut self,
+        script: &'static Script,
+        call: &Cmd,
+    ) -> impl Future<Output = RedisResult<()>> + Send {
+        #[cfg(feature = "cluster")]
+        let first_key = call.args_iter().nth(3).and_then(|a| match a {
+            redis::Arg::Simple(k) => Some(k.to_vec()),
+            _ => None,
+        });
+        #[cfg(not(feature = "cluster"))]
+        let _ = call;
+        async move {
+            match self {
+                Conn::Single(c) => script.load_async(c).await.map(drop),
+                // `SCRIPT LOAD` as a plain command goes to every node the
+                // cluster connection knows: one silent node (a frozen
+                // primary of another slot) would fail the reload until the
+                // command timeout. Load it where the call goes: the
+                // primary of its first key's slot, the node that answered
+                // NOSCRIPT.
+                #[cfg(feature = "cluster")]
+                Conn::Cluster(c) => {
+                    use redis::cluster_routing::{
+                        Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+                    };
+                    let to = first_key.map_or(SingleNodeRoutingInfo::RandomPrimary, |k| {
+                        SingleNodeRoutingInfo::SpecificNode(Route::with_key(k, SlotAddr::Master))
+                    });
+                    let mut load = redis::cmd("SCRIPT");
+                    load.arg("LOAD").arg(source_of(script));
+                    c.route_command(load, RoutingInfo::SingleNode(to))
+                        .await
+                        .map(drop)
+                }
+            }
+        }
     }
 }

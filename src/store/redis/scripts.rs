@@ -15,7 +15,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
 
-use super::connection::Conn;
 use super::keys::{FENCE, LOCK, Name, RECORD, RECORD_WRITER, WAITED};
 use super::{RedisStore, ms};
 use crate::store::AcquireOutcome;
@@ -38,7 +37,7 @@ static ROLLBACK: LazyLock<Script> = LazyLock::new(|| Script::new(ROLLBACK_SRC));
 /// The source of one of the scripts above (for loading it where a call
 /// goes; redis-rs keeps a `Script`'s code to itself).
 #[cfg(feature = "cluster")]
-fn source_of(script: &Script) -> &'static str {
+pub(super) fn source_of(script: &Script) -> &'static str {
     let scripts: [(&Script, &'static str); 6] = [
         (&ACQUIRE, ACQUIRE_SRC),
         (&EXTEND, EXTEND_SRC),
@@ -66,47 +65,6 @@ pub(super) trait LoadFor: redis::aio::ConnectionLike + Send {
 impl LoadFor for redis::aio::MultiplexedConnection {
     async fn load_for(&mut self, script: &'static Script, _call: &Cmd) -> RedisResult<()> {
         script.load_async(self).await.map(drop)
-    }
-}
-
-impl LoadFor for Conn {
-    fn load_for(
-        &mut self,
-        script: &'static Script,
-        call: &Cmd,
-    ) -> impl Future<Output = RedisResult<()>> + Send {
-        #[cfg(feature = "cluster")]
-        let first_key = call.args_iter().nth(3).and_then(|a| match a {
-            redis::Arg::Simple(k) => Some(k.to_vec()),
-            _ => None,
-        });
-        #[cfg(not(feature = "cluster"))]
-        let _ = call;
-        async move {
-            match self {
-                Conn::Single(c) => script.load_async(c).await.map(drop),
-                // `SCRIPT LOAD` as a plain command goes to every node the
-                // cluster connection knows: one silent node (a frozen
-                // primary of another slot) would fail the reload until the
-                // command timeout. Load it where the call goes: the
-                // primary of its first key's slot, the node that answered
-                // NOSCRIPT.
-                #[cfg(feature = "cluster")]
-                Conn::Cluster(c) => {
-                    use redis::cluster_routing::{
-                        Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
-                    };
-                    let to = first_key.map_or(SingleNodeRoutingInfo::RandomPrimary, |k| {
-                        SingleNodeRoutingInfo::SpecificNode(Route::with_key(k, SlotAddr::Master))
-                    });
-                    let mut load = redis::cmd("SCRIPT");
-                    load.arg("LOAD").arg(source_of(script));
-                    c.route_command(load, RoutingInfo::SingleNode(to))
-                        .await
-                        .map(drop)
-                }
-            }
-        }
     }
 }
 
