@@ -1,4 +1,5 @@
-//! Memory after bursts (issue 10, defect 13): holds 10,000 locks at once,
+//! Memory after bursts (nothing kept per key once its locks and waiters
+//! are gone): holds 10,000 locks at once,
 //! each with a local waiter, then releases a third, drops a third, drops a
 //! third mid-release and cancels half the waiters (the others take their
 //! lock and drop it); prints the process's RSS after each burst (three, or

@@ -4,7 +4,7 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
 
-use crate::LockKey;
+use crate::key::{KeyError, LockKey};
 
 /// Boxed error from a backend client.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
@@ -208,6 +208,30 @@ impl StdError for Error {
             Error::Config(e) => Some(e),
             _ => None,
         }
+    }
+}
+
+/// An error with every cause after it (`error: cause: cause…`), for logs:
+/// what failed under a store error (a refused certificate, a reset
+/// connection) is in its sources, and a log line without them says only
+/// "unavailable".
+pub(crate) struct Chain<'a>(pub(crate) &'a (dyn StdError + 'static));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut next = self.0.source();
+        while let Some(cause) = next {
+            write!(f, ": {cause}")?;
+            next = cause.source();
+        }
+        Ok(())
+    }
+}
+
+impl From<KeyError> for Error {
+    fn from(e: KeyError) -> Self {
+        Error::InvalidKey { reason: e.reason() }
     }
 }
 

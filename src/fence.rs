@@ -4,7 +4,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use crate::FencingToken;
+use crate::token::FencingToken;
 
 // KEYS[1] resource hash; ARGV[1] token, ARGV[2] value
 // -> {1, token} applied, {0, highest token seen} refused

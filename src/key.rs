@@ -5,8 +5,6 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::Error;
-
 /// Longest id kept verbatim; longer ids are hashed.
 pub(crate) const MAX_VERBATIM_ID: usize = 128;
 /// Longest namespace accepted.
@@ -23,7 +21,7 @@ pub(crate) const MAX_NAMESPACE: usize = 64;
 /// * every other non-empty id is replaced by `~` and the first 128 bits of its
 ///   SHA-256, in hex, so the key length stays bounded and two different ids
 ///   can only share a key through a SHA-256 collision;
-/// * an empty id is rejected ([`Error::InvalidKey`]).
+/// * an empty id is rejected ([`KeyError`]).
 ///
 /// The namespace (1 to 64 bytes of `A-Z a-z 0-9 _ - . /`) keeps two routes
 /// or two kinds of work from sharing locks by accident.
@@ -51,11 +49,11 @@ pub struct LockKey {
 
 impl LockKey {
     /// Builds a key from a namespace and an id (any bytes).
-    pub fn new(namespace: &str, id: impl AsRef<[u8]>) -> Result<Self, Error> {
+    pub fn new(namespace: &str, id: impl AsRef<[u8]>) -> Result<Self, KeyError> {
         validate_name(namespace, false)?;
         let id = id.as_ref();
         if id.is_empty() {
-            return Err(Error::InvalidKey {
+            return Err(KeyError {
                 reason: "the lock id is empty",
             });
         }
@@ -114,10 +112,43 @@ impl fmt::Debug for LockKey {
     }
 }
 
+/// Why a [`LockKey`] could not be built: an empty id, or a namespace (or a
+/// store's key prefix) outside its alphabet or length.
+///
+/// Converts into [`Error::InvalidKey`](crate::Error::InvalidKey), so `?`
+/// works in a function that returns the crate's [`Error`](crate::Error).
+///
+/// ```
+/// use tower_redis_lock::{Error, LockKey};
+///
+/// let err = LockKey::new("orders", "").unwrap_err();
+/// assert_eq!(err.reason(), "the lock id is empty");
+/// assert!(matches!(Error::from(err), Error::InvalidKey { .. }));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyError {
+    reason: &'static str,
+}
+
+impl KeyError {
+    /// What is wrong with the namespace or id.
+    pub fn reason(&self) -> &'static str {
+        self.reason
+    }
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid lock key: {}", self.reason)
+    }
+}
+
+impl std::error::Error for KeyError {}
+
 /// Checks a namespace (1..=64 bytes of `A-Za-z0-9_-./`) or, with
 /// `colon`, a store's key prefix (the same, plus `:`). A namespace has no `:`
 /// so that `namespace:id` splits one way only.
-pub(crate) fn validate_name(name: &str, colon: bool) -> Result<(), Error> {
+pub(crate) fn validate_name(name: &str, colon: bool) -> Result<(), KeyError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAMESPACE
         && name.bytes().all(|b| {
@@ -127,10 +158,10 @@ pub(crate) fn validate_name(name: &str, colon: bool) -> Result<(), Error> {
         });
     match (ok, colon) {
         (true, _) => Ok(()),
-        (false, false) => Err(Error::InvalidKey {
+        (false, false) => Err(KeyError {
             reason: "a namespace must be 1 to 64 bytes of A-Z a-z 0-9 _ - . /",
         }),
-        (false, true) => Err(Error::InvalidKey {
+        (false, true) => Err(KeyError {
             reason: "a key prefix must be 1 to 64 bytes of A-Z a-z 0-9 _ - . / :",
         }),
     }
@@ -242,7 +273,9 @@ mod tests {
         assert!(LockKey::new(&"n".repeat(MAX_NAMESPACE + 1), "x").is_err());
         assert!(matches!(
             LockKey::new("ns", ""),
-            Err(Error::InvalidKey { .. })
+            Err(KeyError {
+                reason: "the lock id is empty"
+            })
         ));
     }
 

@@ -12,24 +12,29 @@ mod key;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod layer;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 mod observe;
 mod store;
+mod sync;
 mod time;
 mod token;
 
 pub use engine::LockGuard;
-pub use engine::{Acquired, Locker, LockerBuilder};
+pub use engine::{Acquired, Locker, LockerBuilder, Status};
 pub use error::{BoxError, ConfigError, Error, Operation};
 pub use fence::{FenceOutcome, FencedResource};
-pub use key::LockKey;
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub use layer::idempotency::Record;
+pub use key::{KeyError, LockKey};
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use layer::{
-    Fingerprint, Idempotency, KeyFrom, Lock, LockLayer, LockLayerBuilder, MissingFencingToken,
-    MissingLockGuard, OnLockLost, OnMissingKey, OnStoreError, Problem,
+    config::{OnLockLost, OnMissingKey, OnStoreError, RetryAfter},
+    extract::{MissingFencingToken, MissingLockGuard},
+    idempotency::{Fingerprint, Idempotency, Record},
+    key::KeyFrom,
+    layer::{LockLayer, LockLayerBuilder},
+    problem::{Problem, ProblemKind},
 };
 pub use store::BoxStore;
 #[cfg(feature = "sentinel")]
@@ -44,5 +49,7 @@ pub use store::{
 };
 pub use token::{FencingToken, OwnerToken, TokenRangeError, Unfenced};
 
+#[cfg(feature = "deadpool")]
+#[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
 pub use deadpool_redis;
 pub use redis;

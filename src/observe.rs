@@ -14,25 +14,14 @@ use std::time::Duration;
 use tracing::Span;
 use tracing::field::Empty;
 
-#[cfg(feature = "metrics")]
-use crate::Operation;
 use crate::engine::Lease;
-use crate::{Error, LockKey};
-
-/// Metric names (README, "Metrics").
+use crate::error::Error;
 #[cfg(feature = "metrics")]
-mod name {
-    pub(super) const ACQUIRES: &str = "trl_acquires_total";
-    pub(super) const ACQUIRE_DURATION: &str = "trl_acquire_duration_seconds";
-    pub(super) const WAIT: &str = "trl_acquire_wait_seconds";
-    pub(super) const CONTENDED: &str = "trl_contended_total";
-    pub(super) const RENEWAL_LAG: &str = "trl_renewal_lag_seconds";
-    pub(super) const RENEWAL_FAILURES: &str = "trl_renewal_failures_total";
-    pub(super) const LOST: &str = "trl_locks_lost_total";
-    pub(super) const STORE_ERRORS: &str = "trl_store_errors_total";
-    pub(super) const REPLAYS: &str = "trl_replays_total";
-    pub(super) const REFUSED: &str = "trl_requests_refused_total";
-}
+use crate::error::Operation;
+use crate::key::LockKey;
+
+#[cfg(feature = "metrics")]
+use crate::metrics as name;
 
 /// The span of one acquire, a child of the caller's current span.
 pub(crate) fn acquire_span(key: &LockKey, wait: Duration) -> Span {
@@ -116,7 +105,7 @@ pub(crate) fn hold_started(lease: &Lease) {
     let _ = lease.span.set(tracing::info_span!(
         "lock.hold",
         key = %lease.key,
-        fencing_token = lease.token.ok().map(crate::FencingToken::get),
+        fencing_token = lease.token.ok().map(crate::token::FencingToken::get),
         outcome = Empty,
     ));
 }
@@ -167,6 +156,14 @@ pub(crate) fn store_error(err: &Error) {
     }
     #[cfg(not(feature = "metrics"))]
     let _ = err;
+}
+
+/// A locker found its store down (`false`) or answering again (`true`).
+pub(crate) fn store_up(up: bool) {
+    #[cfg(feature = "metrics")]
+    ::metrics::gauge!(name::STORE_UP).set(if up { 1.0 } else { 0.0 });
+    #[cfg(not(feature = "metrics"))]
+    let _ = up;
 }
 
 /// The HTTP layer answered a completed request's stored response.

@@ -30,10 +30,10 @@ use support::topology::start_independent;
 use support::{RedisServer, Reply};
 
 use checks::{
-    attempt_overlaps, build_history, check_claims, check_exclusion, check_progress, check_resource,
-    check_tokens, keys,
+    attempt_overlaps, build_history, check_claims, check_exclusion, check_lost, check_progress,
+    check_resource, check_tokens, keys,
 };
-use faults::{Workers, inject_faults};
+use faults::{Fault, FaultCounts, Links, Plan, Workers, inject_faults};
 use monitor::{MONITOR_END, monitor};
 use worker::{WorkerSpec, mono_ns, worker_main};
 
@@ -57,6 +57,13 @@ const EXIT_GUARD: Duration = Duration::from_secs(15);
 /// Progress required per key (far below what a run does; see TESTING.md).
 const MIN_GRANTS_PER_KEY: usize = 8;
 const MIN_APPLIED_WRITES_PER_KEY: usize = 5;
+/// How late a worker may log that `lost()` resolved, after the moment its
+/// lock had certainly lapsed (its timer and its log line on a loaded
+/// machine: the workers share 2 cores with the test and, in CI, with
+/// other test binaries).
+const LOST_SLACK: Duration = Duration::from_millis(150);
+/// The nemesis run in `cargo test`: its workload.
+const NEMESIS_WORKLOAD: Duration = Duration::from_secs(5);
 
 /// The worker process's entry. As a normal test (no `HISTORY_WORKER`) it
 /// returns at once and checks nothing; the checkers are the tests below.
@@ -86,9 +93,46 @@ fn seed() -> u64 {
     }
 }
 
-/// Runs one history: `workers` processes against `lock_servers`, faults
-/// until the workload ends, then every check.
-fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], workers: usize) {
+/// What a history is run with.
+struct Run {
+    workers: usize,
+    workload: Duration,
+    plan: Plan,
+    /// Each worker through proxies of its own (the nemesis's faults).
+    proxied: bool,
+    /// Grants and applied writes required per key.
+    min_progress: (usize, usize),
+}
+
+impl Run {
+    /// Processes paused and killed, lock servers frozen; 9 s.
+    fn processes() -> Run {
+        Run {
+            workers: 4,
+            workload: WORKLOAD,
+            plan: Plan::processes(),
+            proxied: false,
+            min_progress: (MIN_GRANTS_PER_KEY, MIN_APPLIED_WRITES_PER_KEY),
+        }
+    }
+}
+
+/// What a history did, for the figures.
+#[derive(Debug, Default)]
+struct Figures {
+    grants: usize,
+    applied: usize,
+    stale: usize,
+    losses: usize,
+    faults: FaultCounts,
+    /// The smallest margin by which `lost()` came before its bound (ms).
+    closest_lost: Option<f64>,
+    stalls: usize,
+}
+
+/// Runs one history: `run.workers` processes against `lock_servers`,
+/// faults until the workload ends, then every check.
+fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], run: &Run) -> Figures {
     let started = Instant::now();
     eprintln!("{name}: seed {seed} (replay: HISTORY_SEED={seed} cargo test --test history {name})");
     let resource = RedisServer::start();
@@ -97,24 +141,28 @@ fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], workers: usi
         .tempdir()
         .unwrap();
     let collector = monitor(&resource);
-    let workload_end = Instant::now() + WORKLOAD;
+    let workload_end = Instant::now() + run.workload;
     let mut pool = Workers {
         exe: std::env::current_exe().unwrap(),
         dir: dir.path().to_owned(),
         seed,
         lock_urls: lock_servers.iter().map(RedisServer::url).collect(),
         resource_url: resource.url(),
-        deadline_ns: mono_ns() + WORKLOAD.as_nanos() as u64,
+        deadline_ns: mono_ns() + run.workload.as_nanos() as u64,
         next_id: 1,
         running: Vec::new(),
         finished: Vec::new(),
+        links: run
+            .proxied
+            .then(|| Links::new(lock_servers.iter().map(RedisServer::addr).collect())),
+        pauses: Vec::new(),
     };
-    for _ in 0..workers {
+    for _ in 0..run.workers {
         pool.spawn();
         pool.wait_started();
     }
     let mut rng = fastrand::Rng::with_seed(seed);
-    let faults = inject_faults(&mut rng, &mut pool, lock_servers, workload_end);
+    let faults = inject_faults(&mut rng, &run.plan, &mut pool, lock_servers, workload_end);
     let exited = pool.wait_all(EXIT_GUARD);
     resource.cmd(&["ECHO", MONITOR_END]);
     let accepted = collector.join().expect("the MONITOR thread panicked");
@@ -146,11 +194,24 @@ fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], workers: usi
     let h = build_history(&pool.finished);
     check_exclusion(&h, &mut violations);
     check_claims(&h, &mut violations);
+    let closest_lost = check_lost(&h, &pool.pauses, &mut violations);
     check_tokens(&h, &mut violations);
     check_resource(&h, &accepted, &finals, &mut violations);
-    check_progress(&h, &accepted, &faults, &mut violations);
+    check_progress(
+        &h,
+        &accepted,
+        run.min_progress,
+        &run.plan,
+        &faults,
+        &mut violations,
+    );
 
     let overlaps = attempt_overlaps(&h);
+    let longest_stall = h
+        .stalls
+        .iter()
+        .map(|(_, from, to)| (to - from) as f64 / 1e6)
+        .fold(0.0, f64::max);
     let keep_logs = std::env::var_os("HISTORY_KEEP_LOGS").is_some();
     let per_key: Vec<String> = keys()
         .map(|k| {
@@ -164,7 +225,8 @@ fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], workers: usi
     let summary = format!(
         "{name}: seed {seed}, {:.1} s, {} workers started, {} grants ({}), {} writes applied, \
          {} refused as stale, {} write errors, {} losses seen by holders, acquire failures {:?}, \
-         faults {faults:?}, attempt-start overlaps (information) {}",
+         faults {:?}, lost() before its bound by at least {:?} ms, \
+         worker stalls over 50 ms {} (longest {:.0} ms), attempt-start overlaps (information) {}",
         started.elapsed().as_secs_f64(),
         pool.finished.len(),
         h.grants.len(),
@@ -174,6 +236,10 @@ fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], workers: usi
         h.write_errors,
         h.lost_observed,
         h.acquire_failures,
+        faults.by_kind,
+        closest_lost.map(|m| (m * 10.0).round() / 10.0),
+        h.stalls.len(),
+        longest_stall,
         overlaps.len(),
     );
     eprintln!("{summary}");
@@ -210,6 +276,15 @@ fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], workers: usi
     if keep_logs {
         eprintln!("{name}: logs kept in {}", dir.keep().display());
     }
+    Figures {
+        grants: h.grants.len(),
+        applied: accepted.len(),
+        stale: h.stale_by_workers.len(),
+        losses: h.grants.iter().filter(|g| g.lost_at.is_some()).count(),
+        faults,
+        closest_lost,
+        stalls: h.stalls.len(),
+    }
 }
 
 /// One Redis primary for the locks, one for the fenced resource; 4 workers.
@@ -217,7 +292,8 @@ fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], workers: usi
 fn history_single_redis() {
     let seed = seed();
     let lock = RedisServer::start();
-    run_history("history_single_redis", seed, std::slice::from_ref(&lock), 4);
+    let lock = std::slice::from_ref(&lock);
+    run_history("history_single_redis", seed, lock, &Run::processes());
 }
 
 /// Redlock over 3 independent primaries, one frozen at a time; 4 workers.
@@ -225,5 +301,97 @@ fn history_single_redis() {
 fn history_redlock_3_nodes() {
     let seed = seed();
     let nodes = start_independent(3);
-    run_history("history_redlock_3_nodes", seed, &nodes, 4);
+    run_history("history_redlock_3_nodes", seed, &nodes, &Run::processes());
+}
+
+/// The nemesis: each worker reaches the lock servers through proxies of
+/// its own, and its links get latency, a bandwidth limit, blackholes,
+/// partitions, half-open and reset connections (and worker pauses and
+/// kills), seeded. One primary, 5 s, in `cargo test`.
+///
+/// `NEMESIS_SECONDS=<n>` runs histories of `NEMESIS_WORKLOAD_MS` (10 s)
+/// for `n` seconds instead, alternating one primary and Redlock over 3
+/// nodes, and prints the figures. `NEMESIS_STORE=redlock` runs only
+/// Redlock (`single` only one primary); `NEMESIS_FAULTS=latency,sever`
+/// only those kinds (`Fault::name`).
+#[test]
+fn history_nemesis() {
+    let base = seed();
+    let kinds: Vec<Fault> = std::env::var("NEMESIS_FAULTS")
+        .map(|v| v.split(',').map(Fault::parse).collect())
+        .unwrap_or_default();
+    let store = std::env::var("NEMESIS_STORE").ok();
+    let long: Option<u64> = std::env::var("NEMESIS_SECONDS")
+        .ok()
+        .map(|s| s.parse().expect("NEMESIS_SECONDS must be a number"));
+    let workload = std::env::var("NEMESIS_WORKLOAD_MS").ok().map_or(
+        if long.is_some() {
+            WORKLOAD + Duration::from_secs(1)
+        } else {
+            NEMESIS_WORKLOAD
+        },
+        |ms| Duration::from_millis(ms.parse().expect("NEMESIS_WORKLOAD_MS")),
+    );
+    // Progress asked for: far below what a run does (12–19 grants and
+    // 18–28 applied writes per key in 5 s).
+    let per_second = workload.as_secs_f64();
+    let run = Run {
+        workers: 4,
+        workload,
+        plan: Plan::nemesis(&kinds),
+        proxied: true,
+        min_progress: ((per_second * 0.6) as usize, (per_second * 0.3) as usize),
+    };
+    let stores: Vec<&str> = match store.as_deref() {
+        Some(s) => vec![s],
+        None if long.is_some() => vec!["single", "redlock"],
+        None => vec!["single"],
+    };
+    let end = Instant::now() + Duration::from_secs(long.unwrap_or(0));
+    let mut total = Figures::default();
+    let mut histories = 0u64;
+    loop {
+        let store = stores[histories as usize % stores.len()];
+        let seed = base.wrapping_add(histories);
+        eprintln!(
+            "history_nemesis: {store}, replay with HISTORY_SEED={seed} NEMESIS_STORE={store} \
+             NEMESIS_WORKLOAD_MS={} cargo test --test history history_nemesis",
+            workload.as_millis()
+        );
+        let f = match store {
+            "single" => {
+                let lock = RedisServer::start();
+                run_history("history_nemesis", seed, std::slice::from_ref(&lock), &run)
+            }
+            "redlock" => run_history("history_nemesis", seed, &start_independent(3), &run),
+            other => panic!("NEMESIS_STORE is single or redlock, not {other:?}"),
+        };
+        histories += 1;
+        total.grants += f.grants;
+        total.applied += f.applied;
+        total.stale += f.stale;
+        total.losses += f.losses;
+        total.stalls += f.stalls;
+        total.faults.add(&f.faults);
+        total.closest_lost = match (total.closest_lost, f.closest_lost) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if Instant::now() >= end {
+            break;
+        }
+    }
+    eprintln!(
+        "history_nemesis: {histories} histories, 0 violations, {} grants, {} writes applied, \
+         {} refused as stale, {} guards lost (lost() resolved), faults {:?} (past a lease: {:?}), \
+         lost() before its bound by at least {:?} ms, worker stalls over 50 ms {}",
+        total.grants,
+        total.applied,
+        total.stale,
+        total.losses,
+        total.faults.by_kind,
+        total.faults.past_lease,
+        total.closest_lost,
+        total.stalls,
+    );
 }

@@ -22,12 +22,18 @@ use support::RedisServer;
 use support::http::{post_to, send};
 use tower_redis_lock::{Idempotency, KeyFrom, LockKey, LockLayer, Locker, MemoryStore, RedisStore};
 
+/// A metric's unit and help text.
+type Description = (Option<Unit>, String);
+
 /// Counter totals and histogram samples by `name{label=value,…}` (labels
 /// in the order given).
 #[derive(Clone, Default)]
 struct Recorded {
     counters: Arc<Mutex<HashMap<String, u64>>>,
     histograms: Arc<Mutex<HashMap<String, Vec<f64>>>>,
+    gauges: Arc<Mutex<HashMap<String, f64>>>,
+    /// name → (unit, help text), from `describe_*`.
+    described: Arc<Mutex<HashMap<String, Description>>>,
 }
 
 struct Slot {
@@ -49,6 +55,30 @@ impl CounterFn for Slot {
     fn absolute(&self, value: u64) {
         self.into
             .counters
+            .lock()
+            .unwrap()
+            .insert(self.name.clone(), value);
+    }
+}
+
+impl metrics::GaugeFn for Slot {
+    fn increment(&self, value: f64) {
+        *self
+            .into
+            .gauges
+            .lock()
+            .unwrap()
+            .entry(self.name.clone())
+            .or_default() += value;
+    }
+
+    fn decrement(&self, value: f64) {
+        metrics::GaugeFn::increment(self, -value);
+    }
+
+    fn set(&self, value: f64) {
+        self.into
+            .gauges
             .lock()
             .unwrap()
             .insert(self.name.clone(), value);
@@ -80,9 +110,15 @@ fn render(key: &Key) -> String {
 }
 
 impl Recorder for Recorded {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_counter(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.describe(name, unit, help);
+    }
+    fn describe_gauge(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.describe(name, unit, help);
+    }
+    fn describe_histogram(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.describe(name, unit, help);
+    }
 
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
         Counter::from_arc(Arc::new(Slot {
@@ -91,8 +127,11 @@ impl Recorder for Recorded {
         }))
     }
 
-    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::noop()
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::from_arc(Arc::new(Slot {
+            name: render(key),
+            into: self.clone(),
+        }))
     }
 
     fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
@@ -104,6 +143,17 @@ impl Recorder for Recorded {
 }
 
 impl Recorded {
+    fn describe(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.described
+            .lock()
+            .unwrap()
+            .insert(name.as_str().to_owned(), (unit, help.to_string()));
+    }
+
+    fn gauge(&self, name: &str) -> Option<f64> {
+        self.gauges.lock().unwrap().get(name).copied()
+    }
+
     fn counter(&self, name: &str) -> u64 {
         self.counters
             .lock()
@@ -125,6 +175,7 @@ impl Recorded {
     fn names(&self) -> Vec<String> {
         let mut all: Vec<String> = self.counters.lock().unwrap().keys().cloned().collect();
         all.extend(self.histograms.lock().unwrap().keys().cloned());
+        all.extend(self.gauges.lock().unwrap().keys().cloned());
         all.sort();
         all
     }
@@ -193,7 +244,7 @@ async fn acquires_count_by_outcome_with_latency_wait_and_contention() {
     );
 
     // A re-entry is counted as such.
-    second
+    let _reentered = second
         .scope(async { locker.acquire(&key("1")).await.unwrap() })
         .await;
     assert_eq!(
@@ -308,4 +359,46 @@ async fn a_dead_redis_counts_store_errors_by_operation_and_kind() {
     // The release fails too, and is counted under its own operation.
     assert!(guard.release().await.unwrap_err().is_store_failure());
     assert!(m.counter("trl_store_errors_total{op=release,kind=unavailable}") >= 1);
+}
+
+/// `describe()` gives every metric the crate reports its help text and
+/// unit, and `ALL` names every metric it reports: the metrics a run of
+/// the dead-Redis test and the layer's refusals produce are all in it.
+#[tokio::test(flavor = "current_thread")]
+async fn every_metric_is_named_and_described() {
+    use tower_redis_lock::metrics;
+
+    let m = Recorded::default();
+    let _r = install(&m);
+    metrics::describe();
+    let described = m.described.lock().unwrap().clone();
+    let mut names: Vec<&str> = described.keys().map(String::as_str).collect();
+    names.sort();
+    let mut all = metrics::ALL.to_vec();
+    all.sort();
+    assert_eq!(names, all);
+    for (name, (unit, help)) in &described {
+        assert!(!help.is_empty(), "{name}");
+        let seconds = name.ends_with("_seconds");
+        assert_eq!(*unit == Some(Unit::Seconds), seconds, "{name}: {unit:?}");
+    }
+
+    // An outage and its end: the store-up gauge, and names the crate
+    // reports are all named in `ALL`.
+    let mut server = RedisServer::start();
+    let locker = Locker::new(RedisStore::from_url(&server.url()).unwrap());
+    drop(locker.acquire(&key("8")).await.unwrap());
+    server.stop();
+    assert!(locker.acquire(&key("9")).await.is_err());
+    assert_eq!(m.gauge(metrics::STORE_UP), Some(0.0));
+    server.restart();
+    drop(locker.acquire(&key("9")).await.unwrap());
+    assert_eq!(m.gauge(metrics::STORE_UP), Some(1.0));
+    for name in m.names() {
+        let bare = name.split('{').next().unwrap();
+        assert!(
+            metrics::ALL.contains(&bare),
+            "{name} is not in metrics::ALL"
+        );
+    }
 }

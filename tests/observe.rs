@@ -41,7 +41,7 @@ struct Seen {
     spans: Vec<SpanRec>,
     /// Open spans: the registry's id → index in `spans` (ids are reused).
     open: HashMap<u64, usize>,
-    /// (level, message) of every event.
+    /// (level, message and fields) of every event.
     events: Vec<(Level, String)>,
 }
 
@@ -85,9 +85,13 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
     fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
         let mut fields = BTreeMap::new();
         event.record(&mut Fields(&mut fields));
-        let message = fields.remove("message").unwrap_or_default();
+        // The message, then its fields (`key=value`), as one line.
+        let mut line = fields.remove("message").unwrap_or_default();
+        for (name, value) in fields {
+            line.push_str(&format!(" {name}={value}"));
+        }
         let level = *event.metadata().level();
-        self.0.lock().unwrap().events.push((level, message));
+        self.0.lock().unwrap().events.push((level, line));
     }
 
     fn on_close(&self, id: Id, _: Context<'_, S>) {
@@ -326,4 +330,83 @@ async fn a_handler_aborted_on_loss_is_logged_as_a_refusal() {
     let refused = seen.events_with("request refused by the lock layer");
     assert_eq!(refused.len(), 1, "{refused:?}");
     assert_eq!(refused[0].0, Level::DEBUG);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_route_without_its_layer_logs_the_extractors_rejection_at_debug() {
+    let (seen, _guard) = Capture::install();
+    // Wiring mistakes: an extractor on a route that has no lock layer.
+    let app = Router::new()
+        .route(
+            "/guard",
+            post(|_guard: tower_redis_lock::LockGuard| async { "ran" }),
+        )
+        .route(
+            "/token",
+            post(|_token: tower_redis_lock::FencingToken| async { "ran" }),
+        );
+    for (path, needle) in [
+        ("/guard", "no LockGuard in the request extensions"),
+        ("/token", "no FencingToken in the request extensions"),
+    ] {
+        send(&app, post_to(path))
+            .await
+            .problem(StatusCode::INTERNAL_SERVER_ERROR);
+        let logged = seen.events_with(needle);
+        assert_eq!(logged.len(), 1, "{path}: {logged:?}");
+        // Per request, so not an error line each time: DEBUG, as axum's
+        // own rejections are quiet.
+        assert_eq!(logged[0].0, Level::DEBUG, "{path}");
+    }
+}
+
+/// An outage is one ERROR line when it starts, with what failed under the
+/// store error (its cause chain), and one WARN line when the store answers
+/// again; the requests refused meanwhile are DEBUG lines, and
+/// `Locker::status` says whether the store is up.
+#[tokio::test(start_paused = true)]
+async fn an_outage_logs_once_when_it_starts_and_once_when_it_ends() {
+    let (seen, _guard) = Capture::install();
+    let store = MemoryStore::new();
+    let locker = Locker::new(store.clone());
+    let layer = LockLayer::builder(locker.clone(), KeyFrom::path_param::<String>("id"))
+        .namespace("outage")
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/outage/{id}", post(|| async { "done" }))
+        .layer(layer);
+    assert!(locker.status().store_up);
+
+    store.fail_next_calls(5);
+    for i in 0..5 {
+        send(&app, post_to(&format!("/outage/{i}")))
+            .await
+            .problem(StatusCode::SERVICE_UNAVAILABLE);
+    }
+    assert!(!locker.status().store_up);
+    let started = seen.events_with("acquires fail until it answers again");
+    assert_eq!(started.len(), 1, "{started:?}");
+    assert_eq!(started[0].0, Level::ERROR);
+    // The cause under the store error, not only "unavailable".
+    assert!(
+        started[0].1.contains("a failure asked for by a test"),
+        "{started:?}"
+    );
+    let per_request = seen.events_with("lock store failed; answering 503");
+    assert_eq!(per_request.len(), 5, "{per_request:?}");
+    assert!(per_request.iter().all(|(level, _)| *level == Level::DEBUG));
+
+    let reply = send(&app, post_to("/outage/ok")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(locker.status().store_up);
+    let ended = seen.events_with("lock store answers again");
+    assert_eq!(ended.len(), 1, "{ended:?}");
+    assert_eq!(ended[0].0, Level::WARN);
+    assert!(
+        seen.events_with("acquires fail until it answers again")
+            .len()
+            == 1,
+        "no second start"
+    );
 }

@@ -323,6 +323,11 @@ async fn the_layer_answers_503_when_the_servers_ca_is_not_trusted() {
 /// A Sentinel set whose every process serves TLS with the certificates of
 /// `certs` (`make_certs`), replicating and monitoring over TLS.
 fn tls_sentinel_set(certs: &Path) -> SentinelSet {
+    tls_sentinel_set_with(certs, &[])
+}
+
+/// [`tls_sentinel_set`] with `data_args` for the primary and replica.
+fn tls_sentinel_set_with(certs: &Path, data_args: &[&str]) -> SentinelSet {
     let path = |f: &str| certs.join(f).to_str().unwrap().to_owned();
     let tls_args = [
         "--tls-cert-file".to_string(),
@@ -336,6 +341,7 @@ fn tls_sentinel_set(certs: &Path) -> SentinelSet {
     ];
     SentinelSet::start_with(&SentinelOptions {
         tls_args: tls_args.to_vec(),
+        data_args: data_args.iter().map(|a| a.to_string()).collect(),
         ..SentinelOptions::default()
     })
 }
@@ -386,4 +392,33 @@ async fn sentinel_data_nodes_trust_the_root_certificates_given() {
         .build()
         .unwrap();
     refused_promptly(store).await;
+}
+
+/// Data nodes that ask every client for a certificate (mutual TLS): the
+/// store presents the one `DataNodes` gives (here the servers' own, signed
+/// by their CA) on every connection to them; without it the handshake is
+/// refused, and said so at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_data_nodes_get_the_client_certificate_given() {
+    let certs = make_certs();
+    let set = tls_sentinel_set_with(certs.path(), &["--tls-auth-clients", "yes"]);
+    let pem = |f: &str| std::fs::read(certs.path().join(f)).unwrap();
+    let store = tls_sentinel_builder(&set)
+        .data_nodes(
+            DataNodes::new()
+                .with_root_certificates(pem("ca.crt"))
+                .with_client_certificate(pem("server.crt"), pem("server.key")),
+        )
+        .build()
+        .unwrap();
+    grants_and_releases(store).await;
+
+    let without = DataNodes::new().with_root_certificates(pem("ca.crt"));
+    refused_promptly(
+        tls_sentinel_builder(&set)
+            .data_nodes(without)
+            .build()
+            .unwrap(),
+    )
+    .await;
 }

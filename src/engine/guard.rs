@@ -15,9 +15,11 @@ use super::lease::{Lease, LossReason};
 use super::pending::{EndOp, Ending, PendingEnd, trace_release};
 use super::reentry;
 use super::watchdog::Watchdog;
+use crate::error::{Chain, Error};
+use crate::key::LockKey;
 use crate::observe;
 use crate::store::LockStore;
-use crate::{Error, FencingToken, LockKey, Unfenced};
+use crate::token::{FencingToken, Unfenced};
 
 /// Proof that we hold a lock, for as long as [`is_held`](LockGuard::is_held)
 /// says so.
@@ -334,14 +336,14 @@ impl LockGuard {
         span.in_scope(|| match &res {
             Ok(stored) => tracing::debug!(
                 key = %l.key,
-                fencing_token = l.token.ok().map(crate::FencingToken::get),
+                fencing_token = l.token.ok().map(crate::token::FencingToken::get),
                 stored,
                 bytes = len,
                 "lock finished with a completed record"
             ),
             Err(e) => {
                 observe::store_error(e);
-                tracing::warn!(key = %l.key, error = %e, "storing the completed record failed")
+                tracing::warn!(key = %l.key, error = %Chain(e), "storing the completed record failed")
             }
         });
         if let Ok(stored) = &res {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::lease::Lease;
 use super::pending::{EndOp, Ending};
 use super::watchdog::Watchdog;
-use crate::LockKey;
+use crate::key::LockKey;
 use crate::store::LockStore;
 
 /// One hold of a lease: the grant, or one re-entry. Clones of a guard
@@ -117,7 +117,7 @@ mod tests {
     use super::super::queue::Queues;
     use super::super::test_support::{grant, key};
     use super::*;
-    use crate::MemoryStore;
+    use crate::store::memory::MemoryStore;
 
     struct Granted {
         hold: Hold,

@@ -9,8 +9,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::key::LockKey;
 use crate::time::far_add;
-use crate::{FencingToken, LockKey, OwnerToken, Unfenced};
+use crate::token::{FencingToken, OwnerToken, Unfenced};
 
 const HELD: u8 = 0;
 const LOST: u8 = 1;
@@ -179,7 +180,7 @@ impl Lease {
 mod tests {
     use super::super::test_support::{grant, key};
     use super::*;
-    use crate::MemoryStore;
+    use crate::store::memory::MemoryStore;
     use crate::time::drift;
 
     const LEASE: Duration = Duration::from_secs(30);

@@ -7,11 +7,25 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::guard::LockGuard;
+use super::health::Health;
 use super::options::Options;
 use super::queue::Queues;
 use super::watchdog::Watchdog;
+use crate::error::Error;
+use crate::key::LockKey;
 use crate::store::{BoxStore, LockStore};
-use crate::{Error, LockKey};
+
+/// A [`Locker`]'s state: see [`Locker::status`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Status {
+    /// Leases the locker keeps renewed: granted, neither released nor
+    /// found lost.
+    pub renewing: usize,
+    /// `false` from an acquire that found the store unavailable until one
+    /// that found it answering (`true` before any acquire).
+    pub store_up: bool,
+}
 
 /// What [`Locker::acquire_or_replay`] found.
 #[derive(Debug)]
@@ -79,6 +93,7 @@ pub(crate) struct Inner<S> {
     watchdogs: RwLock<Vec<Watchdog>>,
     pub(crate) next_id: AtomicU64,
     pub(crate) queues: Queues,
+    pub(crate) health: Health,
 }
 
 impl<S> std::fmt::Debug for Locker<S> {
@@ -107,6 +122,7 @@ impl<S: LockStore> Locker<S> {
                 watchdogs: RwLock::default(),
                 next_id: AtomicU64::new(0),
                 queues: Queues::default(),
+                health: Health::default(),
             }),
         }
     }
@@ -129,12 +145,36 @@ impl<S: LockStore> Locker<S> {
     #[cfg(any(test, feature = "test-util"))]
     #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn renewing(&self) -> usize {
-        let all = self
-            .inner
-            .watchdogs
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
+        let all = crate::sync::read(&self.inner.watchdogs);
         all.iter().map(Watchdog::renewing).sum()
+    }
+
+    /// What this locker holds and how its store answered, for a health or
+    /// readiness route (as deadpool's `Pool::status()` is for a pool).
+    ///
+    /// ```
+    /// use tower_redis_lock::{LockKey, Locker, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_redis_lock::Error> {
+    /// let locker = Locker::new(MemoryStore::new());
+    /// let guard = locker.acquire(&LockKey::new("jobs", "nightly")?).await?;
+    /// let status = locker.status();
+    /// assert_eq!(status.renewing, 1);
+    /// assert!(status.store_up);
+    /// # drop(guard);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn status(&self) -> Status {
+        let renewing = crate::sync::read(&self.inner.watchdogs)
+            .iter()
+            .map(Watchdog::renewing)
+            .sum();
+        Status {
+            renewing,
+            store_up: !self.inner.health.is_down(),
+        }
     }
 
     /// The configured wait timeout.
@@ -234,12 +274,12 @@ impl<S: LockStore> Locker<S> {
         let watchdogs = &self.inner.watchdogs;
         {
             // The usual case, read-only: the runtime's task runs already.
-            let all = watchdogs.read().unwrap_or_else(|p| p.into_inner());
+            let all = crate::sync::read(watchdogs);
             if let Some(w) = all.iter().find(|w| w.serves(runtime)) {
                 return w.clone();
             }
         }
-        let mut all = watchdogs.write().unwrap_or_else(|p| p.into_inner());
+        let mut all = crate::sync::write(watchdogs);
         if let Some(w) = all.iter().find(|w| w.serves(runtime)) {
             return w.clone();
         }

@@ -13,6 +13,7 @@
 //! | `hold.rs` | one hold of a grant; hold counting (the last one ends the lock) |
 //! | `reentry.rs` | the holds the current task runs under |
 //! | `guard.rs` | [`LockGuard`], the public face of a hold |
+//! | `health.rs` | whether the store answers: an outage logged when it starts and ends |
 //! | `locker.rs` | [`Locker`] and [`Acquired`] |
 //! | `options.rs` | a locker's settings and their defaults |
 //! | `builder.rs` | [`LockerBuilder`]: settings checked once |
@@ -20,6 +21,7 @@
 
 mod builder;
 mod guard;
+mod health;
 mod hold;
 mod lease;
 mod locker;
@@ -35,4 +37,4 @@ mod watchdog;
 pub use builder::LockerBuilder;
 pub use guard::LockGuard;
 pub(crate) use lease::Lease;
-pub use locker::{Acquired, Locker};
+pub use locker::{Acquired, Locker, Status};

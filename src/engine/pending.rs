@@ -18,9 +18,11 @@ use tracing::Instrument;
 
 use super::lease::Lease;
 use super::queue::Queues;
+use crate::error::{Chain, Error};
+use crate::key::LockKey;
 use crate::store::{BoxStore, LockStore};
 use crate::time::far_add;
-use crate::{Error, LockKey, OwnerToken};
+use crate::token::OwnerToken;
 
 /// First pause between two tries of a failed release; doubles up to
 /// [`RETRY_MAX`].
@@ -113,7 +115,7 @@ impl Ending {
         if !spawn_detached(self.runtime.as_ref(), job) {
             tracing::warn!(
                 key = %self.lease.key,
-                fencing_token = self.lease.token.ok().map(crate::FencingToken::get),
+                fencing_token = self.lease.token.ok().map(crate::token::FencingToken::get),
                 "no runtime left to release the lock on; the lease will expire on its own"
             );
         }
@@ -185,7 +187,7 @@ pub(crate) fn trace_release(l: &Lease, res: &Result<bool, Error>) {
     match res {
         Ok(owned) => tracing::debug!(
             key = %l.key,
-            fencing_token = l.token.ok().map(crate::FencingToken::get),
+            fencing_token = l.token.ok().map(crate::token::FencingToken::get),
             owned,
             held_ms = l.acquired_at.elapsed().as_millis() as u64,
             "lock released"
@@ -194,8 +196,8 @@ pub(crate) fn trace_release(l: &Lease, res: &Result<bool, Error>) {
             crate::observe::store_error(e);
             tracing::warn!(
                 key = %l.key,
-                fencing_token = l.token.ok().map(crate::FencingToken::get),
-                error = %e,
+                fencing_token = l.token.ok().map(crate::token::FencingToken::get),
+                error = %Chain(e),
                 "lock release failed; retrying in the background"
             )
         }
@@ -221,7 +223,7 @@ async fn end_lock(lease: Arc<Lease>, store: BoxStore, local: Queues, op: EndOp, 
             }
             Ok(Ok(false)) | Err(_) => {}
             Ok(Err(e)) => {
-                tracing::warn!(key = %l.key, error = %e, "storing the completed record failed")
+                tracing::warn!(key = %l.key, error = %Chain(&e), "storing the completed record failed")
             }
         }
         pause_first = false;
@@ -231,7 +233,7 @@ async fn end_lock(lease: Arc<Lease>, store: BoxStore, local: Queues, op: EndOp, 
         Some(owned) => trace_release(l, &Ok(owned)),
         None => tracing::warn!(
             key = %l.key,
-            fencing_token = l.token.ok().map(crate::FencingToken::get),
+            fencing_token = l.token.ok().map(crate::token::FencingToken::get),
             "lock release kept failing; the lease will expire on its own"
         ),
     }
@@ -267,7 +269,7 @@ async fn release_retrying(
             Ok(Ok(owned)) => return Some(owned),
             Ok(Err(e)) => {
                 crate::observe::store_error(&e);
-                tracing::debug!(key = %key, error = %e, "lock release failed; retrying")
+                tracing::debug!(key = %key, error = %Chain(&e), "lock release failed; retrying")
             }
             Err(_) => return None,
         }

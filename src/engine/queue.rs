@@ -3,15 +3,16 @@
 //! waiter to the next.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
 use super::lease::Lease;
-use crate::LockKey;
+use crate::key::LockKey;
 use crate::store::ReleaseWatch;
+use crate::sync::lock;
 
 type QueueMap = Mutex<HashMap<LockKey, Arc<KeyQueue>>>;
 
@@ -25,19 +26,19 @@ impl Queues {
     /// Tells the key's waiting task (if any) that the lock was just released
     /// here.
     pub(crate) fn wake(&self, key: &LockKey) {
-        if let Some(q) = lock_map(&self.0).get(key) {
+        if let Some(q) = lock(&self.0).get(key) {
             q.released.notify_one();
         }
     }
 
     /// Whether a task is waiting for `key` right now.
     pub(crate) fn has_waiters(&self, key: &LockKey) -> bool {
-        lock_map(&self.0).contains_key(key)
+        lock(&self.0).contains_key(key)
     }
 
     /// Joins the key's queue (creating it); the handle leaves it on drop.
     pub(crate) fn join<'a>(&'a self, key: &'a LockKey) -> QueueRef<'a> {
-        let queue = lock_map(&self.0)
+        let queue = lock(&self.0)
             .entry(key.clone())
             .or_insert_with(|| {
                 Arc::new(KeyQueue {
@@ -79,11 +80,7 @@ pub(crate) struct KeyQueue {
 impl KeyQueue {
     /// How long the lock stays held by a task of this process, if it is.
     pub(crate) fn held_here(&self) -> Option<Duration> {
-        let lease = self
-            .holder
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .upgrade()?;
+        let lease = lock(&self.holder).upgrade()?;
         lease.is_valid_now().then(|| {
             lease
                 .valid_until()
@@ -95,14 +92,14 @@ impl KeyQueue {
     /// `remaining` more.
     pub(crate) fn saw_held(&self, remaining: Duration) {
         let until = crate::time::far_add(Instant::now(), remaining);
-        *self.seen_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(until);
+        *lock(&self.seen_until) = Some(until);
     }
 
     /// How long the lock stays held, as far as this queue knows: a holder
     /// of this process, or what a waiter was last told by the store.
     pub(crate) fn held_for(&self) -> Option<Duration> {
         self.held_here().or_else(|| {
-            let until = (*self.seen_until.lock().unwrap_or_else(|p| p.into_inner()))?;
+            let until = (*lock(&self.seen_until))?;
             let left = until.saturating_duration_since(Instant::now());
             (!left.is_zero()).then_some(left)
         })
@@ -111,8 +108,8 @@ impl KeyQueue {
     /// Records the lease just granted to one of the queue's waiters (what
     /// was heard of the previous holder no longer applies).
     pub(crate) fn set_holder(&self, lease: &Arc<Lease>) {
-        *self.seen_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(lease);
+        *lock(&self.seen_until) = None;
+        *lock(&self.holder) = Arc::downgrade(lease);
     }
 }
 
@@ -125,16 +122,12 @@ pub(crate) struct QueueRef<'a> {
 
 impl QueueRef<'_> {
     pub(crate) fn take_watch(&self) -> Option<ReleaseWatch> {
-        self.queue
-            .watch
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
+        lock(&self.queue.watch).take()
     }
 
     pub(crate) fn put_watch(&self, watch: Option<ReleaseWatch>) {
         if let Some(w) = watch {
-            *self.queue.watch.lock().unwrap_or_else(|p| p.into_inner()) = Some(w);
+            *lock(&self.queue.watch) = Some(w);
         }
     }
 }
@@ -149,7 +142,7 @@ impl std::ops::Deref for QueueRef<'_> {
 
 impl Drop for QueueRef<'_> {
     fn drop(&mut self) {
-        let mut map = lock_map(self.map);
+        let mut map = lock(self.map);
         // Only the map and this handle left: nobody else waits here.
         if Arc::strong_count(&self.queue) == 2 {
             map.remove(self.key);
@@ -157,15 +150,11 @@ impl Drop for QueueRef<'_> {
     }
 }
 
-fn lock_map(m: &QueueMap) -> MutexGuard<'_, HashMap<LockKey, Arc<KeyQueue>>> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::test_support::{grant, key};
     use super::*;
-    use crate::MemoryStore;
+    use crate::store::memory::MemoryStore;
 
     #[tokio::test(start_paused = true)]
     async fn the_queue_lives_as_long_as_its_last_waiter() {

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::{Arc, Weak};
 
 use super::hold::Hold;
-use crate::LockKey;
+use crate::key::LockKey;
 
 tokio::task_local! {
     /// The holds a task runs under (innermost last): see

@@ -6,9 +6,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::lease::Lease;
+use crate::key::LockKey;
+use crate::store::memory::MemoryStore;
 use crate::store::{AcquireOutcome, LockStore};
 use crate::time::drift;
-use crate::{LockKey, MemoryStore, OwnerToken};
+use crate::token::OwnerToken;
 
 pub(crate) fn key(id: &str) -> LockKey {
     LockKey::new("unit", id).unwrap()
@@ -97,14 +99,14 @@ impl Counting {
         key: &LockKey,
         owner: &OwnerToken,
         lease: Duration,
-    ) -> Result<bool, crate::Error> {
+    ) -> Result<bool, crate::error::Error> {
         if self.panic_extends.load(std::sync::atomic::Ordering::SeqCst) {
             panic!("test: the store panics while renewing");
         }
         let _ = self.stall_extends.subscribe().wait_for(|s| !s).await;
         if self.fail_extends.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(crate::Error::Unavailable {
-                op: crate::Operation::Extend,
+            return Err(crate::error::Error::Unavailable {
+                op: crate::error::Operation::Extend,
                 key: Some(key.clone()),
                 source: "test: the store refuses at once".into(),
             });
@@ -119,7 +121,7 @@ impl LockStore for Counting {
         key: &LockKey,
         owner: &OwnerToken,
         lease: Duration,
-    ) -> Result<AcquireOutcome, crate::Error> {
+    ) -> Result<AcquireOutcome, crate::error::Error> {
         self.acquires
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.acquire(key, owner, lease).await
@@ -130,14 +132,17 @@ impl LockStore for Counting {
         key: &LockKey,
         owner: &OwnerToken,
         lease: Duration,
-    ) -> Result<bool, crate::Error> {
+    ) -> Result<bool, crate::error::Error> {
         self.count_extend(key);
         self.extend_counted(key, owner, lease).await
     }
 
     /// Every renewal of the batch counts as sent at once, as over Redis
     /// (one pipelined write), before any of them stalls.
-    async fn extend_many(&self, renewals: &[crate::Renewal]) -> Vec<Result<bool, crate::Error>> {
+    async fn extend_many(
+        &self,
+        renewals: &[crate::store::Renewal],
+    ) -> Vec<Result<bool, crate::error::Error>> {
         for r in renewals {
             self.count_extend(&r.key);
         }
@@ -148,7 +153,11 @@ impl LockStore for Counting {
         out
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, crate::Error> {
+    async fn release(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+    ) -> Result<bool, crate::error::Error> {
         self.inner.release(key, owner).await
     }
 
@@ -158,15 +167,21 @@ impl LockStore for Counting {
         owner: &OwnerToken,
         record: bytes::Bytes,
         retention: Duration,
-    ) -> Result<bool, crate::Error> {
+    ) -> Result<bool, crate::error::Error> {
         self.inner.finish(key, owner, record, retention).await
     }
 
-    async fn read_record(&self, key: &LockKey) -> Result<Option<bytes::Bytes>, crate::Error> {
+    async fn read_record(
+        &self,
+        key: &LockKey,
+    ) -> Result<Option<bytes::Bytes>, crate::error::Error> {
         self.inner.read_record(key).await
     }
 
-    async fn subscribe(&self, key: &LockKey) -> Result<crate::ReleaseWatch, crate::Error> {
+    async fn subscribe(
+        &self,
+        key: &LockKey,
+    ) -> Result<crate::store::ReleaseWatch, crate::error::Error> {
         self.inner.subscribe(key).await
     }
 }

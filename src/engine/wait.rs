@@ -14,11 +14,13 @@ use super::lease::Lease;
 use super::locker::{Acquired, Locker};
 use super::pending::{Ending, PendingAttempt};
 use super::reentry;
-use crate::error::ConfigError;
+use crate::error::Error;
+use crate::error::{Chain, ConfigError};
+use crate::key::LockKey;
 use crate::observe::{self, Outcome};
 use crate::store::{AcquireOutcome, LockStore, ReleaseWatch};
 use crate::time::{drift, far_add};
-use crate::{Error, LockKey, OwnerToken, Unfenced};
+use crate::token::{OwnerToken, Unfenced};
 
 /// What one try found.
 enum Step {
@@ -39,6 +41,10 @@ impl<S: LockStore> Locker<S> {
             .take_in_span(key, wait, replay)
             .instrument(span.clone())
             .await;
+        // A re-entry asked the store nothing: it says nothing of its health.
+        if !matches!(&res, Ok(Acquired::Locked(g)) if g.hold_count() > 1) {
+            self.inner.health.saw(&res);
+        }
         match &res {
             // (Granted, completed and refused are recorded where they happen.)
             Ok(Acquired::Locked(guard)) => observe::hold_started(guard.lease_state()),
@@ -207,7 +213,7 @@ impl<S: LockStore> Locker<S> {
             Ok(w) => w,
             Err(e) => {
                 observe::store_error(&e);
-                tracing::debug!(key = %key, error = %e, "no release notifications; polling");
+                tracing::debug!(key = %key, error = %Chain(&e), "no release notifications; polling");
                 ReleaseWatch::never()
             }
         }
@@ -283,13 +289,15 @@ impl<S: LockStore> Locker<S> {
         watchdog.add(lease.clone());
         tracing::debug!(
             key = %key,
-            fencing_token = token.ok().map(crate::FencingToken::get),
+            fencing_token = token.ok().map(crate::token::FencingToken::get),
             waited_us = start.elapsed().as_micros() as u64,
             contended,
             attempts,
             "lock acquired"
         );
-        let granted = Ok(Outcome::Granted(token.ok().map(crate::FencingToken::get)));
+        let granted = Ok(Outcome::Granted(
+            token.ok().map(crate::token::FencingToken::get),
+        ));
         observe::acquired(&Span::current(), key, start.elapsed(), contended, &granted);
         let end = Ending {
             lease,

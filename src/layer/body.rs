@@ -11,13 +11,17 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
-use crate::{LockGuard, Record};
+use crate::engine::LockGuard;
+use crate::error::Chain;
+use crate::layer::config::HoldTimes;
+use crate::layer::idempotency::Record;
 
 pin_project! {
     /// Body of every response of [`Lock`](super::Lock).
     ///
-    /// With [`hold_until_body_end`](super::LockLayerBuilder::hold_until_body_end)
+    /// With [`hold_until_body_end`](crate::LockLayerBuilder::hold_until_body_end)
     /// it owns the lock and releases it when the body ends, fails or is
     /// dropped (client gone), so a streaming response stays under the lock.
     /// An idempotent layer's response whose body is over the stored-body
@@ -42,8 +46,9 @@ pin_project! {
 }
 
 /// Releases its guard when dropped, whatever other clones exist, unless the
-/// guard was taken out to finish with a record.
-pub(crate) struct HeldUntilEnd(Option<LockGuard>);
+/// guard was taken out to finish with a record; and notes how long the
+/// lock was held, when asked to.
+pub(crate) struct HeldUntilEnd(Option<LockGuard>, Option<(HoldTimes, Instant)>);
 
 impl HeldUntilEnd {
     fn into_guard(mut self) -> Option<LockGuard> {
@@ -55,6 +60,9 @@ impl Drop for HeldUntilEnd {
     fn drop(&mut self) {
         if let Some(guard) = &self.0 {
             guard.release_in_background();
+        }
+        if let Some((holds, from)) = self.1.take() {
+            holds.saw(from.elapsed());
         }
     }
 }
@@ -104,7 +112,7 @@ pub(crate) async fn store_and_release(guard: LockGuard, record: Record, retentio
             tracing::warn!(key = %key, "lock lost before the outcome could be stored; a duplicate will run again")
         }
         Err(e) => {
-            tracing::warn!(key = %key, error = %e, "storing the outcome failed; a duplicate will run again")
+            tracing::warn!(key = %key, error = %Chain(&e), "storing the outcome failed; a duplicate will run again")
         }
     }
 }
@@ -118,9 +126,18 @@ impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B, hold: Option<LockGuard>) -> Self {
         ResponseBody {
             kind: Kind::Inner { body },
-            hold: hold.map(|g| HeldUntilEnd(Some(g))),
+            hold: hold.map(|g| HeldUntilEnd(Some(g), None)),
             finish: None,
         }
+    }
+
+    /// Notes in `holds` how long the lock was held, from `from` to the
+    /// body's end, when it ends.
+    pub(crate) fn held_from(mut self, holds: &HoldTimes, from: Instant) -> Self {
+        if let Some(hold) = &mut self.hold {
+            hold.1 = Some((holds.clone(), from));
+        }
+        self
     }
 
     /// `prefix`, then the rest of `body`, under `guard`; once the body has
@@ -139,7 +156,7 @@ impl<B> ResponseBody<B> {
                 prefix: Some(prefix),
                 body,
             },
-            hold: Some(HeldUntilEnd(Some(guard))),
+            hold: Some(HeldUntilEnd(Some(guard), None)),
             finish: Some(Box::new(FinishAtEnd {
                 record,
                 retention,

@@ -2,7 +2,8 @@
 //! service, and their checks.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use axum::response::Response;
 use http::{HeaderName, StatusCode};
@@ -58,6 +59,61 @@ pub enum OnMissingKey {
     PassThrough,
 }
 
+/// The `Retry-After` of a request refused because another holds the lock
+/// (see [`LockLayerBuilder::retry_after`](crate::LockLayerBuilder::retry_after)).
+/// The header is in whole seconds, rounded up, at least 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum RetryAfter {
+    /// How long this layer's requests have held their lock lately (a moving
+    /// average of the time from grant to release, the handler's run), at
+    /// most the holder's remaining lease; the remaining lease until the
+    /// layer has seen a request through. A handler that takes 1.5 s under a
+    /// 30 s lease tells clients 2 s, not 30 s. (Default.)
+    #[default]
+    Observed,
+    /// The holder's remaining lease: when the lock is free at the latest,
+    /// if its holder crashed (clients that obey it may wait far longer than
+    /// the handler takes).
+    RemainingLease,
+    /// Always this long.
+    Fixed(Duration),
+}
+
+/// The hold times a layer has seen: a moving average (the last eight
+/// weigh most), in microseconds; 0 before the first. Clones share it (a
+/// body held under the lock notes its hold when it ends). Kept only for
+/// [`RetryAfter::Observed`]: under another policy nothing reads it, and
+/// a request notes nothing.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct HoldTimes(Option<Arc<AtomicU64>>);
+
+impl HoldTimes {
+    /// Hold times kept for `policy` (or not).
+    pub(crate) fn for_policy(policy: RetryAfter) -> Self {
+        HoldTimes((policy == RetryAfter::Observed).then(Arc::default))
+    }
+
+    pub(crate) fn saw(&self, held: Duration) {
+        let Some(avg) = &self.0 else { return };
+        let held = u64::try_from(held.as_micros()).unwrap_or(u64::MAX).max(1);
+        let _ = avg.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |avg| {
+            Some(match avg {
+                0 => held,
+                avg if held >= avg => avg + (held - avg) / 8,
+                avg => (avg - (avg - held) / 8).max(1),
+            })
+        });
+    }
+
+    pub(crate) fn average(&self) -> Option<Duration> {
+        match self.0.as_ref()?.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(Duration::from_micros(us)),
+        }
+    }
+}
+
 /// A user's answer to a refused request (see
 /// [`LockLayerBuilder::on_rejection`]).
 pub(crate) type RejectionHook = Arc<dyn Fn(&Problem) -> Response + Send + Sync>;
@@ -77,11 +133,26 @@ pub(crate) struct Config<St> {
     pub(crate) idempotency: Option<Idempotency>,
     pub(crate) expose_lock_key: bool,
     pub(crate) on_rejection: Option<RejectionHook>,
+    pub(crate) retry_after: RetryAfter,
+    pub(crate) holds: HoldTimes,
     /// Whether a misplacement of this layer was logged (once per layer).
     pub(crate) misplaced_logged: AtomicBool,
 }
 
 impl<St> Config<St> {
+    /// The `Retry-After` for contention, from the holder's `remaining`
+    /// lease and the policy.
+    pub(crate) fn contention_retry(&self, remaining: Duration) -> Duration {
+        match self.retry_after {
+            RetryAfter::Observed => self
+                .holds
+                .average()
+                .map_or(remaining, |avg| avg.min(remaining)),
+            RetryAfter::RemainingLease => remaining,
+            RetryAfter::Fixed(after) => after,
+        }
+    }
+
     /// Runs `log` the first time this layer finds itself misplaced.
     pub(crate) fn misplaced_once(&self, log: impl FnOnce()) {
         if !self.misplaced_logged.swap(true, Ordering::Relaxed) {
@@ -91,7 +162,7 @@ impl<St> Config<St> {
 }
 
 impl<St: LockStore> Config<St> {
-    /// The checks of [`LockLayerBuilder::build`](super::LockLayerBuilder::build)
+    /// The checks of [`LockLayerBuilder::build`](crate::LockLayerBuilder::build)
     /// (and of `LockLayer::new`): every bound is refused here, never left
     /// to overflow on the request path.
     pub(crate) fn check(&self) -> Result<(), ConfigError> {

@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use http::{HeaderName, StatusCode, header};
 
+use super::key::KeyFrom;
 use crate::error::ConfigError;
 
+mod fingerprint;
 mod record;
 
 pub use record::Record;
@@ -39,13 +41,48 @@ pub(crate) static REPRESENTATION_HEADERS: [HeaderName; 7] = [
     HeaderName::from_static("repr-digest"),
 ];
 
-/// The representation headers that describe the stored bytes themselves
-/// (their coding, range and digest): left out of the replay of a record
-/// whose body was not stored, whose empty body they would misdescribe.
+/// Headers that are part of the answer, not of one transfer of it: where
+/// the created resource is, its validators and links, how it may be
+/// cached. Stored and replayed by default, so a replayed `201 Created`
+/// still says where.
+pub(crate) static ANSWER_HEADERS: [HeaderName; 8] = [
+    header::LOCATION,
+    header::ETAG,
+    header::LAST_MODIFIED,
+    header::LINK,
+    header::CACHE_CONTROL,
+    header::EXPIRES,
+    header::VARY,
+    header::ALLOW,
+];
+
+/// Headers never stored, whatever the list says: they describe one
+/// connection, one transfer or one moment (`Date`: a replay is sent now),
+/// not the answer.
+pub(crate) fn never_stored(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "content-length"
+            | "transfer-encoding"
+            | "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "date"
+    )
+}
+
+/// The headers that describe the stored bytes themselves (their coding,
+/// range, digest and validator): left out of the replay of a record whose
+/// body was not stored, whose empty body they would misdescribe (a cache
+/// would keep the empty body under the `ETag`).
 pub(crate) fn describes_bytes(name: &HeaderName) -> bool {
     matches!(
         name.as_str(),
-        "content-encoding" | "content-range" | "content-digest" | "repr-digest"
+        "content-encoding" | "content-range" | "content-digest" | "repr-digest" | "etag"
     )
 }
 
@@ -54,10 +91,18 @@ pub(crate) fn describes_bytes(name: &HeaderName) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Fingerprint {
-    /// SHA-256 of the request body (default; the body is read within the
-    /// layer's body limit).
+    /// SHA-256 of the request body, byte for byte (default; the body is
+    /// read within the layer's body limit): the same JSON with other
+    /// whitespace or member order is a different request (422).
     #[default]
     Body,
+    /// SHA-256 of the body's JSON in one canonical form: members sorted by
+    /// name, no whitespace, strings and numbers as serde_json reads and
+    /// writes them (so `1.0` and `1e0` are one number, `1` another). A body
+    /// that is not JSON, names a member twice in one object, or has an
+    /// integral number past 64 bits (which serde_json would round into an
+    /// `f64`) is fingerprinted byte for byte, as with `Body`.
+    Json,
     /// No fingerprint: any request with the key gets the stored response.
     None,
 }
@@ -65,7 +110,7 @@ pub enum Fingerprint {
 type StorePredicate = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
 
 /// Settings for idempotent processing; turn it on with
-/// [`LockLayerBuilder::idempotent`](super::LockLayerBuilder::idempotent).
+/// [`LockLayerBuilder::idempotent`](crate::LockLayerBuilder::idempotent).
 ///
 /// Three states per key: *in flight* (the lock is held: a duplicate gets 409,
 /// or waits up to the locker's wait timeout and gets the record),
@@ -92,6 +137,7 @@ pub struct Idempotency {
     pub(crate) headers: Vec<HeaderName>,
     pub(crate) fingerprint: Fingerprint,
     pub(crate) store_when: StorePredicate,
+    pub(crate) scope: Option<KeyFrom>,
 }
 
 impl Default for Idempotency {
@@ -102,6 +148,7 @@ impl Default for Idempotency {
             headers: Vec::new(),
             fingerprint: Fingerprint::default(),
             store_when: Arc::new(default_store_when),
+            scope: None,
         }
     }
 }
@@ -122,7 +169,7 @@ impl Idempotency {
 
     /// How long a completed record answers duplicates (default 4 days,
     /// beyond the 3 days of Stripe's retries and GitHub's redeliveries): at least 1 s, at
-    /// most [`MAX_RETENTION`] (365 days); [`LockLayerBuilder::build`](super::LockLayerBuilder::build)
+    /// most [`MAX_RETENTION`] (365 days); [`LockLayerBuilder::build`](crate::LockLayerBuilder::build)
     /// refuses anything else with a `ConfigError`.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
@@ -145,15 +192,54 @@ impl Idempotency {
         self
     }
 
-    /// More response headers kept for replay (default: none). The
-    /// representation headers that give the stored bytes their meaning —
-    /// `Content-Type`, `Content-Encoding`, `Content-Language`,
-    /// `Content-Location`, `Content-Range`, `Content-Digest`, `Repr-Digest`
-    /// — are always kept, and so are the response's trailers. Each name
-    /// is stored once; framing headers (`Content-Length`,
-    /// `Transfer-Encoding`, `Connection`) never are.
+    /// More response headers kept for replay (default: none). Always kept,
+    /// so that a replay is the same answer:
+    ///
+    /// - the representation headers that give the stored bytes their
+    ///   meaning: `Content-Type`, `Content-Encoding`, `Content-Language`,
+    ///   `Content-Location`, `Content-Range`, `Content-Digest`,
+    ///   `Repr-Digest`;
+    /// - the headers that are part of the answer: `Location`, `ETag`,
+    ///   `Last-Modified`, `Link`, `Cache-Control`, `Expires`, `Vary`,
+    ///   `Allow`;
+    /// - the layer's fencing-token header (the token of the run that
+    ///   answered), and the response's trailers.
+    ///
+    /// Never kept, even when listed: `Date` (a replay is sent now) and the
+    /// headers of one connection or transfer (`Content-Length`,
+    /// `Transfer-Encoding`, `Connection`, `Keep-Alive`, `TE`, `Trailer`,
+    /// `Upgrade`, `Proxy-*`). `Set-Cookie` and your own headers are kept
+    /// only when listed here. Each name is stored once.
     pub fn replay_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         self.headers = headers.into_iter().collect();
+        self
+    }
+
+    /// Scopes keys per client: the value `principal` reads from each request
+    /// (the authenticated account, from an extension your auth layer sets,
+    /// read with [`KeyFrom::extract`]; a tenant header your gateway sets
+    /// after authentication) is part of the record's key. Client B sending
+    /// the `Idempotency-Key` client A used never gets A's stored response;
+    /// A still gets its replay. A request without a principal is refused
+    /// with 400 before any store call. The source must read the request
+    /// head (not a body field): [`LockLayerBuilder::build`](crate::LockLayerBuilder::build)
+    /// refuses a body source with a `ConfigError`.
+    ///
+    /// ```
+    /// use axum::http::HeaderName;
+    /// use tower_redis_lock::{Idempotency, KeyFrom};
+    ///
+    /// // The account id your authentication layer put in the request.
+    /// #[derive(Clone)]
+    /// struct Account(u64);
+    ///
+    /// let idempotency = Idempotency::new().scope(KeyFrom::extract(
+    ///     |axum::Extension(Account(id)): axum::Extension<Account>| id,
+    /// ));
+    /// # let _ = idempotency;
+    /// ```
+    pub fn scope(mut self, principal: KeyFrom) -> Self {
+        self.scope = Some(principal);
         self
     }
 
@@ -185,6 +271,12 @@ impl Idempotency {
         if self.retention > MAX_RETENTION {
             return Err(ConfigError::new("retention", "must be at most 365 days"));
         }
+        if self.scope.as_ref().is_some_and(KeyFrom::needs_body) {
+            return Err(ConfigError::new(
+                "scope",
+                "the client scope must be read from the request head, not its body",
+            ));
+        }
         if self.max_body > 64 << 20 {
             return Err(ConfigError::new(
                 "max_stored_body",
@@ -202,6 +294,7 @@ impl fmt::Debug for Idempotency {
             .field("max_body", &self.max_body)
             .field("headers", &self.headers)
             .field("fingerprint", &self.fingerprint)
+            .field("scope", &self.scope)
             .finish_non_exhaustive()
     }
 }
@@ -224,5 +317,13 @@ mod tests {
                 "{retry}"
             );
         }
+    }
+
+    #[test]
+    fn a_client_scope_is_read_from_the_head_only() {
+        let head = Idempotency::new().scope(KeyFrom::header(HeaderName::from_static("x-client")));
+        assert!(head.check().is_ok());
+        let body = Idempotency::new().scope(KeyFrom::json_pointer::<String>("/client"));
+        assert_eq!(body.check().unwrap_err().setting(), "scope");
     }
 }

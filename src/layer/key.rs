@@ -19,9 +19,10 @@ mod member;
 mod param;
 mod path;
 mod query;
+mod sf;
 
 /// The source of a request's lock id. The layer adds its namespace (see
-/// [`LockLayerBuilder::namespace`](super::LockLayerBuilder::namespace)) and
+/// [`LockLayerBuilder::namespace`](crate::LockLayerBuilder::namespace)) and
 /// turns the id into a [`LockKey`](crate::LockKey), so a client-chosen id is
 /// bounded, hashed when odd, and can never pick the Redis hash tag.
 ///
@@ -96,6 +97,7 @@ enum Kind {
     Path,
     PathParam(Typed<HeadKey>),
     Header(HeaderName),
+    IdempotencyKey,
     Query(Typed<HeadKey>),
     JsonPointer(Typed<BodyKey>),
     BodyDigest,
@@ -149,7 +151,7 @@ impl KeyFrom {
     /// acts on the raw `Uri` instead (`/a//b` and `/a/b` as two resources)
     /// sees fewer resources than keys merge, which costs only concurrency.
     /// A refused request never reaches the inner service, whatever the
-    /// [`OnMissingKey`](super::OnMissingKey) choice.
+    /// [`OnMissingKey`](crate::OnMissingKey) choice.
     pub fn path() -> Self {
         KeyFrom { kind: Kind::Path }
     }
@@ -169,7 +171,7 @@ impl KeyFrom {
     /// JSON text per value with `Serialize` (any derived type; not a
     /// `HashMap`). A value that keys as nothing (an empty string, a float
     /// `NaN` or infinity, which serialize as `null`) is no key: the
-    /// [`OnMissingKey`](super::OnMissingKey) answer (400 by default; with
+    /// [`OnMissingKey`](crate::OnMissingKey) answer (400 by default; with
     /// `PassThrough`, such requests run unlocked).
     ///
     /// ```
@@ -212,6 +214,37 @@ impl KeyFrom {
         }
     }
 
+    /// The `Idempotency-Key` header as the IETF draft
+    /// (draft-ietf-httpapi-idempotency-key-header) has it: a Structured
+    /// Field string (`Idempotency-Key: "8e03978e-40d5"`), or the bare value
+    /// Stripe's clients send (`Idempotency-Key: 8e03978e-40d5`); both
+    /// spellings of one key are one lock and one record. A quoted value that
+    /// is not a valid sf-string, a bare one with spaces or bytes outside
+    /// printable ASCII, a key longer than 255 bytes, or the header given
+    /// twice is refused with 400 before any store call; a missing or empty
+    /// one is no key (the [`OnMissingKey`](crate::OnMissingKey) answer: 400
+    /// by default, as the draft asks).
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use tower_redis_lock::{Idempotency, KeyFrom, LockLayer, Locker, MemoryStore};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = LockLayer::builder(Locker::new(MemoryStore::new()), KeyFrom::idempotency_key())
+    ///     .namespace("payments")
+    ///     .idempotent(Idempotency::new())
+    ///     .build()?;
+    /// let app: Router = Router::new().route("/payments", post(|| async { "created" }).route_layer(layer));
+    /// # let _ = app;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn idempotency_key() -> Self {
+        KeyFrom {
+            kind: Kind::IdempotencyKey,
+        }
+    }
+
     /// A query-string parameter, read into `T` exactly as axum's `Query`
     /// reads a field of a derived `Query<Params>` (serde_urlencoded over
     /// `form_urlencoded`: escapes of either case and `+` decoded, invalid
@@ -224,7 +257,7 @@ impl KeyFrom {
     /// `?id=a&i%64=b`) is refused with 400, as a derived `Query<Params>`
     /// refuses it; one whose value does not parse as `T` gets `Query`'s
     /// 400. A missing parameter, an empty value (`?id=`) or one that keys
-    /// as nothing (`NaN`) is no key: the [`OnMissingKey`](super::OnMissingKey)
+    /// as nothing (`NaN`) is no key: the [`OnMissingKey`](crate::OnMissingKey)
     /// answer (400 by default; with `PassThrough`, such requests run
     /// unlocked).
     ///
@@ -269,7 +302,7 @@ impl KeyFrom {
     ///   answers.
     /// - Nothing at the pointer, or a value `T` reads as `None` (`null` for
     ///   an `Option<T>`) or as an empty string: no key (the
-    ///   [`OnMissingKey`](super::OnMissingKey) answer).
+    ///   [`OnMissingKey`](crate::OnMissingKey) answer).
     /// - An object on the way that names the pointer's member twice
     ///   (`{"id":"a","id":"b"}` for `/id`) is refused (400), like a
     ///   repeated query parameter: a derived struct refuses it, a `Value`
@@ -432,6 +465,9 @@ impl KeyFrom {
             Kind::Path => "the request path".to_owned(),
             Kind::PathParam(t) => format!("path parameter `{}` (a {})", t.name, short(t.ty)),
             Kind::Header(n) => format!("header `{n}`"),
+            Kind::IdempotencyKey => {
+                "header `idempotency-key` (a Structured Field string or a bare key)".to_owned()
+            }
             Kind::Query(t) => format!("query parameter `{}` (a {})", t.name, short(t.ty)),
             Kind::JsonPointer(t) => format!("JSON body field `{}` (a {})", t.name, short(t.ty)),
             Kind::BodyDigest => "the request body's SHA-256 digest (a non-empty body)".to_owned(),
@@ -474,14 +510,11 @@ impl KeyFrom {
                 // No route matched: the layer is misplaced (see `service`).
                 Err(_) => None,
             },
-            Kind::Header(name) => {
-                let mut all = parts.headers.get_all(name).iter();
-                let first = all.next();
-                if all.next().is_some() {
-                    return Err(Refused::Repeated);
-                }
-                first.map(|v| v.as_bytes().to_vec())
-            }
+            Kind::Header(name) => one_header(parts, name)?.map(|v| v.as_bytes().to_vec()),
+            Kind::IdempotencyKey => match one_header(parts, &IDEMPOTENCY_KEY)? {
+                Some(v) => sf::idempotency_key(v.as_bytes())?,
+                None => None,
+            },
             Kind::Query(t) => (t.key)(parts.uri.query().unwrap_or_default(), &t.name)?,
             Kind::Custom(f) => f(parts).map(String::into_bytes),
             Kind::Extract { key, .. } => key.key(parts).await?,
@@ -563,6 +596,22 @@ where
     T: DeserializeOwned + Serialize,
 {
     canonical::encode(&json::read::<T>(value)?)
+}
+
+/// The header of the IETF idempotency draft.
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// A header's one value, if any; given twice, it is refused.
+fn one_header<'a>(
+    parts: &'a Parts,
+    name: &HeaderName,
+) -> Result<Option<&'a http::HeaderValue>, Refused> {
+    let mut all = parts.headers.get_all(name).iter();
+    let first = all.next();
+    if all.next().is_some() {
+        return Err(Refused::Repeated);
+    }
+    Ok(first)
 }
 
 /// The lowercase hex SHA-256 of a non-empty body.
@@ -656,6 +705,7 @@ impl fmt::Debug for KeyFrom {
             Kind::Path => f.write_str("KeyFrom::path()"),
             Kind::PathParam(t) => write!(f, "KeyFrom::path_param::<{}>({:?})", short(t.ty), t.name),
             Kind::Header(n) => write!(f, "KeyFrom::header({n:?})"),
+            Kind::IdempotencyKey => f.write_str("KeyFrom::idempotency_key()"),
             Kind::Query(t) => write!(f, "KeyFrom::query::<{}>({:?})", short(t.ty), t.name),
             Kind::JsonPointer(t) => {
                 write!(f, "KeyFrom::json_pointer::<{}>({:?})", short(t.ty), t.name)

@@ -8,7 +8,8 @@ use http::{HeaderName, StatusCode};
 use tower_layer::Layer;
 
 use super::config::{
-    Config, DEFAULT_BODY_LIMIT, FENCING_TOKEN, OnLockLost, OnMissingKey, OnStoreError,
+    Config, DEFAULT_BODY_LIMIT, FENCING_TOKEN, HoldTimes, OnLockLost, OnMissingKey, OnStoreError,
+    RetryAfter,
 };
 use super::idempotency::Idempotency;
 use super::key::KeyFrom;
@@ -135,6 +136,8 @@ impl<St: LockStore> LockLayer<St> {
                 idempotency: None,
                 expose_lock_key: false,
                 on_rejection: None,
+                retry_after: RetryAfter::default(),
+                holds: HoldTimes::for_policy(RetryAfter::default()),
                 misplaced_logged: AtomicBool::new(false),
             },
         }
@@ -189,6 +192,29 @@ impl<St: LockStore> LockLayerBuilder<St> {
     /// namespace would be missed (the event would run again).
     pub fn namespace(mut self, namespace: &str) -> Self {
         self.config.namespace = Some(namespace.to_owned());
+        self
+    }
+
+    /// The `Retry-After` of a request refused because another request holds
+    /// the lock (default [`RetryAfter::Observed`]: how long this layer's
+    /// requests have held their lock lately, at most the holder's remaining
+    /// lease).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_lock::{KeyFrom, LockLayer, Locker, MemoryStore, RetryAfter};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = LockLayer::builder(Locker::new(MemoryStore::new()), KeyFrom::path_param::<u64>("id"))
+    ///     .retry_after(RetryAfter::Fixed(Duration::from_secs(5)))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn retry_after(mut self, policy: RetryAfter) -> Self {
+        self.config.retry_after = policy;
+        self.config.holds = HoldTimes::for_policy(policy);
         self
     }
 
@@ -253,9 +279,11 @@ impl<St: LockStore> LockLayerBuilder<St> {
     /// 500, 503…) with `hook`'s response instead of the default
     /// `application/problem+json` one, so that a route's own errors and the
     /// lock's come out in one format. The hook gets the [`Problem`] the
-    /// layer would have answered: status, detail, `Retry-After` and the lock
-    /// key (for logs or a body of your own). Keep the status and
-    /// `Retry-After` unless you mean to change what clients do. The hook's
+    /// layer would have answered: status, detail, `Retry-After`, the lock
+    /// key (for logs or a body of your own) and why
+    /// ([`Problem::kind`](crate::Problem::kind)). Keep the status unless you
+    /// mean to change what clients do; the problem's `Retry-After` is sent
+    /// whatever the hook answers (added when the hook's answer has none). The hook's
     /// body is read whole before it is sent (at most 64 KiB; a longer or
     /// failing one is replaced by the default answer, with an error log).
     ///

@@ -27,24 +27,33 @@
 //! # }
 //! ```
 
+//!
+//! The types an application names (`LockLayer`, `KeyFrom`, `Idempotency`,
+//! the policies, the extractor rejections, `Problem`) are at the crate
+//! root. This module holds the rest of the Tower plumbing (the service
+//! the layer makes, its future and body) and the header and content-type
+//! names, each reachable by this one path:
+//!
+//! ```compile_fail
+//! // `LockLayer` has one path, the crate root's.
+//! use tower_redis_lock::layer::LockLayer;
+//! ```
+
 mod body;
-mod config;
-mod extract;
+pub(crate) mod config;
+pub(crate) mod extract;
 mod future;
 pub(crate) mod idempotency;
-mod key;
+pub(crate) mod key;
 #[allow(clippy::module_inception)]
-mod layer;
-mod problem;
+pub(crate) mod layer;
+pub(crate) mod problem;
 mod replay;
 mod service;
 
 pub use body::ResponseBody;
-pub use config::{FENCING_TOKEN, OnLockLost, OnMissingKey, OnStoreError};
-pub use extract::{MissingFencingToken, MissingLockGuard};
+pub use config::FENCING_TOKEN;
 pub use future::ResponseFuture;
-pub use idempotency::{Fingerprint, IDEMPOTENT_REPLAYED, Idempotency, MAX_RETENTION};
-pub use key::KeyFrom;
-pub use layer::{LockLayer, LockLayerBuilder};
-pub use problem::{PROBLEM_JSON, Problem};
+pub use idempotency::{IDEMPOTENT_REPLAYED, MAX_RETENTION};
+pub use problem::PROBLEM_JSON;
 pub use service::Lock;

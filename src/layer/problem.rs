@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
 
-use crate::Error;
+use crate::error::Error;
 
 /// Media type of every error body the layer writes.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -18,10 +18,10 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 /// The body has `type` (`about:blank`), `title` (the status' reason),
 /// `status` and `detail`, and a `Retry-After` header goes with it when
 /// [`retry_after`](Problem::retry_after) is set. The lock key is kept for
-/// logs and for a [rejection hook](super::LockLayerBuilder::on_rejection)
+/// logs and for a [rejection hook](crate::LockLayerBuilder::on_rejection)
 /// but is not in the default body: the body tells a client what to do, not
 /// how the server names its locks (see
-/// [`expose_lock_key`](super::LockLayerBuilder::expose_lock_key)).
+/// [`expose_lock_key`](crate::LockLayerBuilder::expose_lock_key)).
 ///
 /// ```
 /// use std::time::Duration;
@@ -42,6 +42,45 @@ pub struct Problem {
     detail: String,
     key: Option<String>,
     retry_after: Option<Duration>,
+    kind: ProblemKind,
+}
+
+/// Why the lock layer refused a request: what a
+/// [rejection hook](crate::LockLayerBuilder::on_rejection) can `match` on
+/// instead of the status (409 and 423 are both contention; 503 is a store
+/// outage or a lost lock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// Another request holds the lock and the layer does not wait.
+    Contended,
+    /// Another request held the lock for the whole wait.
+    WaitTimedOut,
+    /// The lock store failed or refused the credentials.
+    StoreUnavailable,
+    /// The lock was lost while the handler ran, and the handler was stopped.
+    LockLost,
+    /// The request has no lock key.
+    MissingKey,
+    /// Keys are scoped per client and the request names none.
+    MissingScope,
+    /// The request's key cannot be read as the handler would read it (or
+    /// makes no valid lock key).
+    BadKey,
+    /// The body to read the key from is larger than the layer reads.
+    PayloadTooLarge,
+    /// The request body could not be read.
+    BodyUnreadable,
+    /// An idempotency key reused with a different request.
+    PayloadMismatch,
+    /// The handler's response body failed before it could be stored.
+    ResponseFailed,
+    /// A completed request's record cannot be read by this server.
+    RecordUnreadable,
+    /// The layer is wired or configured wrong (a server error).
+    Misconfigured,
+    /// A problem made with [`Problem::new`], not by the layer.
+    Other,
 }
 
 impl Problem {
@@ -52,7 +91,19 @@ impl Problem {
             detail: detail.into(),
             key: None,
             retry_after: None,
+            kind: ProblemKind::Other,
         }
+    }
+
+    /// Why the layer refused ([`ProblemKind::Other`] for a problem of your
+    /// own).
+    pub fn kind(&self) -> ProblemKind {
+        self.kind
+    }
+
+    pub(crate) fn of_kind(mut self, kind: ProblemKind) -> Self {
+        self.kind = kind;
+        self
     }
 
     /// Adds a `Retry-After` (whole seconds, rounded up, at least 1).
@@ -82,7 +133,7 @@ impl Problem {
         self.key.as_deref()
     }
 
-    pub(crate) fn key(mut self, key: Option<&crate::LockKey>) -> Self {
+    pub(crate) fn key(mut self, key: Option<&crate::key::LockKey>) -> Self {
         self.key = key.map(|k| k.to_string());
         self
     }
@@ -116,7 +167,16 @@ impl Problem {
             }
             other => other.to_string(),
         };
-        let mut p = Problem::new(status, detail).key(e.key());
+        let kind = match e {
+            Error::Contended { .. } => ProblemKind::Contended,
+            Error::WaitTimeout { .. } => ProblemKind::WaitTimedOut,
+            Error::Unavailable { .. } | Error::Auth { .. } => ProblemKind::StoreUnavailable,
+            Error::LockLost { .. } => ProblemKind::LockLost,
+            Error::InvalidKey { .. } => ProblemKind::BadKey,
+            Error::Record { .. } => ProblemKind::RecordUnreadable,
+            Error::Config(_) => ProblemKind::Misconfigured,
+        };
+        let mut p = Problem::new(status, detail).key(e.key()).of_kind(kind);
         p.retry_after = match e {
             Error::Contended { .. } | Error::WaitTimeout { .. } => e.retry_after(),
             Error::Unavailable { .. } | Error::Auth { .. } | Error::LockLost { .. } => {
@@ -147,12 +207,19 @@ impl Problem {
         *res.status_mut() = self.status;
         let h = res.headers_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-        if let Some(after) = self.retry_after {
-            // Whole seconds, rounded up, at least 1.
-            let secs = after.as_millis().div_ceil(1000).max(1);
-            h.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
+        if let Some(after) = self.retry_after_header() {
+            h.insert(header::RETRY_AFTER, after);
         }
         res
+    }
+
+    /// `Retry-After` in whole seconds, rounded up, at least 1.
+    pub(crate) fn retry_after_header(&self) -> Option<HeaderValue> {
+        let after = self.retry_after?;
+        let secs = after.as_millis().div_ceil(1000).max(1);
+        // `Duration::MAX` is one second past `u64::MAX`: saturate, never wrap
+        // to 0 (come back at once).
+        Some(HeaderValue::from(u64::try_from(secs).unwrap_or(u64::MAX)))
     }
 }
 
@@ -191,7 +258,7 @@ impl IntoResponse for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::LockKey;
+    use crate::key::LockKey;
 
     #[test]
     fn contention_answers_with_retry_after_rounded_up() {
@@ -222,7 +289,7 @@ mod tests {
     #[test]
     fn store_failures_do_not_leak_details() {
         let e = Error::Auth {
-            op: crate::Operation::Acquire,
+            op: crate::error::Operation::Acquire,
             key: None,
             source: "WRONGPASS invalid username-password pair".into(),
         };

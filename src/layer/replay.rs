@@ -7,10 +7,13 @@ use http_body_util::BodyExt;
 
 use super::body::{ResponseBody, fields, store_and_release};
 use super::idempotency::{
-    IDEMPOTENT_REPLAYED, Idempotency, REPRESENTATION_HEADERS, describes_bytes,
+    ANSWER_HEADERS, IDEMPOTENT_REPLAYED, Idempotency, REPRESENTATION_HEADERS, describes_bytes,
+    never_stored,
 };
-use super::problem::Problem;
-use crate::{LockGuard, LockKey, Record};
+use super::problem::{Problem, ProblemKind};
+use crate::engine::LockGuard;
+use crate::key::LockKey;
+use crate::layer::idempotency::Record;
 
 /// The stored answer of a completed request, or 422 when the key comes back
 /// with a different request.
@@ -26,7 +29,8 @@ pub(super) fn replay<B>(
             StatusCode::UNPROCESSABLE_ENTITY,
             "this idempotency key was already used with a different request",
         )
-        .key(Some(key)));
+        .key(Some(key))
+        .of_kind(ProblemKind::PayloadMismatch));
     }
     tracing::debug!(key = %key, status = record.status.as_u16(), "replaying a completed request");
     crate::observe::replayed(record.status.as_u16());
@@ -59,6 +63,7 @@ pub(super) fn replay<B>(
 /// cleanly (see [`Idempotency::max_stored_body`]).
 pub(super) async fn finish<B>(
     idem: &Idempotency,
+    fencing_header: &HeaderName,
     guard: LockGuard,
     res: Response<B>,
     fingerprint: Option<[u8; 32]>,
@@ -85,7 +90,8 @@ where
                 StatusCode::BAD_GATEWAY,
                 "the handler's response body failed",
             )
-            .key(Some(&key)));
+            .key(Some(&key))
+            .of_kind(ProblemKind::ResponseFailed));
         };
         match frame.into_data() {
             Ok(data) => {
@@ -106,15 +112,17 @@ where
     let mut record = Record::new(parts.status);
     record.fingerprint = fingerprint;
     // Each name once: the representation headers, which give the stored
-    // bytes their meaning, then the chosen ones; never framing headers,
-    // which describe the original transfer, not the stored body.
+    // bytes their meaning, the answer's own (where, validators, caching),
+    // the run's fencing token, then the chosen ones; never those of one
+    // transfer or moment.
     let mut names: Vec<&HeaderName> = Vec::new();
-    for name in REPRESENTATION_HEADERS.iter().chain(&idem.headers) {
-        let framing = matches!(
-            name.as_str(),
-            "content-length" | "transfer-encoding" | "connection" | "keep-alive" | "trailer"
-        );
-        if !framing && !names.contains(&name) {
+    for name in REPRESENTATION_HEADERS
+        .iter()
+        .chain(&ANSWER_HEADERS)
+        .chain(std::iter::once(fencing_header))
+        .chain(&idem.headers)
+    {
+        if !never_stored(name) && !names.contains(&name) {
             names.push(name);
         }
     }

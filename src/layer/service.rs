@@ -10,7 +10,6 @@ use axum::extract::MatchedPath;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use sha2::{Digest, Sha256};
 use tower_service::Service;
 
 use super::body::ResponseBody;
@@ -18,9 +17,13 @@ use super::config::{Config, OnLockLost, OnMissingKey, OnStoreError};
 use super::future::ResponseFuture;
 use super::idempotency::{Fingerprint, Record};
 use super::key::route_namespace;
-use super::problem::Problem;
+use super::problem::{Problem, ProblemKind};
 use super::replay::{finish, replay};
-use crate::{Acquired, BoxError, Error, FencingToken, LockGuard, LockKey, LockStore};
+use crate::engine::{Acquired, LockGuard};
+use crate::error::{BoxError, Chain, Error};
+use crate::key::LockKey;
+use crate::store::LockStore;
+use crate::token::FencingToken;
 
 /// Namespace used when no namespace is set and no route matched.
 const FALLBACK_NAMESPACE: &str = "http";
@@ -30,7 +33,7 @@ const FALLBACK_NAMESPACE: &str = "http";
 #[derive(Clone)]
 struct IdempotentHold(LockKey);
 
-/// The service made by [`LockLayer`](super::LockLayer).
+/// The service made by [`LockLayer`](crate::LockLayer).
 pub struct Lock<S, St> {
     inner: S,
     config: Arc<Config<St>>,
@@ -155,7 +158,14 @@ async fn refuse<St, B>(c: &Config<St>, p: Problem) -> Response<ResponseBody<B>> 
 /// A refusal's answer: the hook's, or the default problem body.
 async fn answer<St, B>(c: &Config<St>, p: &Problem) -> Response<ResponseBody<B>> {
     if let Some(hook) = &c.on_rejection {
-        let (parts, body) = hook(p).into_parts();
+        let (mut parts, body) = hook(p).into_parts();
+        // What the protocol needs survives any hook: a client told to
+        // come back is told when.
+        if let Some(after) = p.retry_after_header()
+            && !parts.headers.contains_key(header::RETRY_AFTER)
+        {
+            parts.headers.insert(header::RETRY_AFTER, after);
+        }
         match axum::body::to_bytes(body, MAX_HOOK_BODY).await {
             Ok(bytes) => return Response::from_parts(parts, ResponseBody::full(bytes)),
             Err(e) => tracing::error!(
@@ -215,9 +225,16 @@ where
         return reentered(c, inner, req, guard, &key).await;
     }
     // 3. The service, under the lock.
+    let held_from = tokio::time::Instant::now();
     let res = run(c, inner, req, &guard, &key).await?;
-    // 4. Its outcome stored (idempotency), and the lock released.
-    Ok(complete(c, guard, res, &key, fingerprint).await?)
+    // 4. Its outcome stored (idempotency), and the lock released. How long
+    // that took tells later contenders when to come back.
+    // (A body held under the lock notes its hold when it ends.)
+    let res = complete(c, guard, res, &key, fingerprint, held_from).await?;
+    if !c.hold_until_body_end {
+        c.holds.saw(held_from.elapsed());
+    }
+    Ok(res)
 }
 
 /// What step 1 found.
@@ -235,10 +252,11 @@ where
     B::Error: Into<BoxError>,
 {
     let (mut parts, body) = req.into_parts();
-    let fingerprint_body = c
+    let fingerprint = c
         .idempotency
         .as_ref()
-        .is_some_and(|i| i.fingerprint == Fingerprint::Body);
+        .map_or(Fingerprint::None, |i| i.fingerprint);
+    let fingerprint_body = fingerprint != Fingerprint::None;
     let (id, body, fingerprint) = if let Err(refused) = c.key.check_head(&parts.headers) {
         (Err(refused), body, None)
     } else if c.key.needs_body() || fingerprint_body {
@@ -248,10 +266,15 @@ where
         } else {
             c.key.id_in_head(&mut parts).await
         };
-        let fingerprint = fingerprint_body.then(|| <[u8; 32]>::from(Sha256::digest(&bytes)));
+        let fingerprint = fingerprint.of(&bytes);
         (id, B::from(bytes), fingerprint)
     } else {
         (c.key.id_in_head(&mut parts).await, body, None)
+    };
+    // The client the key belongs to, when keys are scoped per client.
+    let scope = match c.idempotency.as_ref().and_then(|i| i.scope.as_ref()) {
+        Some(principal) => Some(principal.id_in_head(&mut parts).await),
+        None => None,
     };
     let req = Request::from_parts(parts, body);
     // Never guess which id the handler will act on (a source given twice, a
@@ -262,12 +285,31 @@ where
             refused.status(),
             format!("{refused}: expected {}", c.key.describe()),
         )
+        .of_kind(ProblemKind::BadKey)
     })?;
     let Some(id) = id else {
         return match c.on_missing_key {
             OnMissingKey::PassThrough => Ok(Keyed::Unlocked(req)),
             OnMissingKey::Reject => Err(no_key(c, &req)),
         };
+    };
+    let id = match scope {
+        None => id,
+        Some(Ok(Some(principal))) => scoped(&principal, &id),
+        Some(Ok(None)) => {
+            return Err(Problem::new(
+                StatusCode::BAD_REQUEST,
+                "the request has no client to scope its idempotency key to",
+            )
+            .of_kind(ProblemKind::MissingScope));
+        }
+        Some(Err(refused)) => {
+            return Err(Problem::new(
+                refused.status(),
+                format!("{refused}: the client scope cannot be read"),
+            )
+            .of_kind(ProblemKind::MissingScope));
+        }
     };
     let namespace = match (&c.namespace, route_namespace(req.extensions())) {
         (Some(ns), _) => ns.clone(),
@@ -279,9 +321,20 @@ where
         // namespace of its own (`build` requires one).
         (None, None) => FALLBACK_NAMESPACE.to_owned(),
     };
-    let key =
-        LockKey::new(&namespace, &id[..]).map_err(|e| Problem::from_error(&e, c.contention))?;
+    let key = LockKey::new(&namespace, &id[..])
+        .map_err(|e| Problem::from_error(&e.into(), c.contention))?;
     Ok(Keyed::Key(req, key, fingerprint))
+}
+
+/// A client's id: `<length of the principal>:<principal>:<id>`. The length
+/// makes the split one way only, so two (principal, id) pairs never share
+/// an id, whatever bytes either holds.
+fn scoped(principal: &[u8], id: &[u8]) -> Vec<u8> {
+    let mut out = format!("{}:", principal.len()).into_bytes();
+    out.extend_from_slice(principal);
+    out.push(b':');
+    out.extend_from_slice(id);
+    out
 }
 
 /// The 400 for a request without a key. A path-parameter key on a request
@@ -308,7 +361,7 @@ fn no_key<St, B>(c: &Config<St>, req: &Request<B>) -> Problem {
     } else {
         format!("the request has no lock key: expected {}", c.key.describe())
     };
-    Problem::new(StatusCode::BAD_REQUEST, detail)
+    Problem::new(StatusCode::BAD_REQUEST, detail).of_kind(ProblemKind::MissingKey)
 }
 
 /// What step 2 found.
@@ -354,14 +407,22 @@ async fn take<St: LockStore, B>(
     match taken {
         Ok(guard) => Ok(Taken::Locked(guard)),
         Err(e) if e.is_store_failure() && c.on_store_error == OnStoreError::FailOpen => {
-            tracing::warn!(key = %key, error = %e, "lock store failed; running unlocked (fail-open)");
+            tracing::warn!(key = %key, error = %Chain(&e), "lock store failed; running unlocked (fail-open)");
             Ok(Taken::FailedOpen)
         }
         Err(e) => {
             if e.is_store_failure() {
-                tracing::error!(key = %key, error = %e, "lock store failed; answering 503");
+                // The outage itself is logged once by the locker, when it
+                // starts and when it ends; each request it refuses, here.
+                tracing::debug!(key = %key, error = %Chain(&e), "lock store failed; answering 503");
             }
-            Err(Problem::from_error(&e, c.contention).key(Some(key)))
+            let p = Problem::from_error(&e, c.contention).key(Some(key));
+            Err(match e {
+                Error::Contended { retry_after, .. } | Error::WaitTimeout { retry_after, .. } => {
+                    p.with_retry_after(c.contention_retry(retry_after))
+                }
+                _ => p,
+            })
         }
     }
 }
@@ -403,6 +464,7 @@ where
              the same key that stores no records",
         )
         .key(Some(key))
+        .of_kind(ProblemKind::Misconfigured)
         .into());
     }
     let token = guard.fencing_token();
@@ -477,6 +539,7 @@ async fn complete<St, B>(
     res: Response<B>,
     key: &LockKey,
     fingerprint: Option<[u8; 32]>,
+    held_from: tokio::time::Instant,
 ) -> Result<Response<ResponseBody<B>>, Problem>
 where
     B: http_body::Body<Data = Bytes>,
@@ -493,10 +556,10 @@ where
         && res.extensions().get::<Refusal>().is_none()
         && (idem.store_when)(res.status())
     {
-        return finish(idem, guard, res, fingerprint).await;
+        return finish(idem, &c.header, guard, res, fingerprint).await;
     }
     if c.hold_until_body_end {
-        Ok(res.map(|b| ResponseBody::inner(b, Some(guard))))
+        Ok(res.map(|b| ResponseBody::inner(b, Some(guard)).held_from(&c.holds, held_from)))
     } else {
         let _ = guard.release().await;
         Ok(res.map(|b| ResponseBody::inner(b, None)))
@@ -524,7 +587,8 @@ where
         Err(_) => Err(Problem::new(
             StatusCode::BAD_REQUEST,
             "the request body could not be read",
-        )),
+        )
+        .of_kind(ProblemKind::BodyUnreadable)),
     }
 }
 
@@ -533,4 +597,5 @@ fn too_large(limit: usize) -> Problem {
         StatusCode::PAYLOAD_TOO_LARGE,
         format!("the request body is larger than the {limit} bytes read to find its lock key"),
     )
+    .of_kind(ProblemKind::PayloadTooLarge)
 }

@@ -15,7 +15,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{AcquireOutcome, LockStore, ReleaseWatch, Renewal};
-use crate::{Error, LockKey, OwnerToken};
+use crate::error::Error;
+use crate::key::LockKey;
+use crate::token::OwnerToken;
 
 /// A boxed future borrowing the store and the arguments.
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -9,8 +9,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{AcquireOutcome, LockStore, ReleaseWatch};
+use crate::error::{Error, Operation};
+use crate::key::LockKey;
 use crate::time::far_add;
-use crate::{Error, FencingToken, LockKey, Operation, OwnerToken};
+use crate::token::{FencingToken, OwnerToken};
 
 /// Locks kept in this process's memory.
 ///
@@ -223,15 +225,8 @@ impl MemoryStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        lock_state(&self.state)
+        crate::sync::lock(&self.state)
     }
-}
-
-// A panic while holding the mutex cannot leave `State` half-updated in a way
-// that matters (every update is a single insert/remove), so poisoning is
-// ignored rather than turned into a panic on every later request.
-fn lock_state(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl State {
@@ -412,7 +407,7 @@ struct Unwatch {
 impl Drop for Unwatch {
     fn drop(&mut self) {
         if let Some(state) = self.state.upgrade() {
-            let mut st = lock_state(&state);
+            let mut st = crate::sync::lock(&state);
             if st
                 .watchers
                 .get(&self.key)

@@ -24,7 +24,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::watch;
 
-use crate::{Error, FencingToken, LockKey, OwnerToken};
+use crate::error::Error;
+use crate::key::LockKey;
+use crate::token::{FencingToken, OwnerToken};
 
 mod boxed;
 pub(crate) mod memory;
@@ -245,7 +247,7 @@ fn copy_error(err: &Error, key: &LockKey) -> Error {
             source: source(s),
         },
         other => Error::Unavailable {
-            op: crate::Operation::Extend,
+            op: crate::error::Operation::Extend,
             key: Some(key.clone()),
             source: other.to_string().into(),
         },

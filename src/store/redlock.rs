@@ -11,7 +11,10 @@ use tokio::time::Instant;
 
 use super::{AcquireOutcome, LockStore, ReleaseWatch, Renewal};
 use crate::error::ConfigError;
-use crate::{Error, LockKey, Operation, OwnerToken, RedisStore};
+use crate::error::{Error, Operation};
+use crate::key::LockKey;
+use crate::store::redis::RedisStore;
+use crate::token::OwnerToken;
 use quorum::{gather, tally};
 
 /// The Redlock algorithm over N independent Redis primaries (use 5, or 3).
@@ -126,6 +129,22 @@ impl RedlockStore {
     /// How many nodes must agree.
     pub fn quorum(&self) -> usize {
         self.quorum
+    }
+
+    /// [`RedisStore::check`] on every node at once: `Ok` when a quorum of
+    /// them answers (the store can grant), else the first node's error
+    /// among those that failed.
+    pub async fn check(&self) -> Result<(), Error> {
+        let answers =
+            futures_util::future::join_all(self.nodes.iter().map(RedisStore::check)).await;
+        let ok = answers.iter().filter(|a| a.is_ok()).count();
+        if ok >= self.quorum {
+            return Ok(());
+        }
+        match answers.into_iter().find_map(Result::err) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// The nodes.

@@ -6,9 +6,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 
-use crate::faults::FaultCounts;
+use crate::faults::{FaultCounts, Plan};
 use crate::monitor::Accepted;
-use crate::{KEYS, MIN_APPLIED_WRITES_PER_KEY, MIN_GRANTS_PER_KEY, WORKER_TEST};
+use crate::{KEYS, LEASE, LOST_SLACK, WORKER_TEST};
 
 /// One parsed log line.
 #[derive(Debug, Clone)]
@@ -71,6 +71,13 @@ pub struct GrantView {
     pub claim_end: Option<u64>,
     /// When the holder gave the lock back (release or drop started).
     pub given_back: Option<u64>,
+    /// When the guard's `lost()` resolved, if it did before the lock was
+    /// given back.
+    pub lost_at: Option<u64>,
+    /// The worker that held it.
+    pub worker: u32,
+    /// How it was used (`Short`, `Long`, `Expire`).
+    pub style: String,
     /// The events that matter for messages.
     pub grant_line: String,
     pub last_held_line: Option<String>,
@@ -101,6 +108,10 @@ pub struct History {
     pub lost_observed: usize,
     pub acquire_failures: BTreeMap<String, usize>,
     pub worker_problems: Vec<String>,
+    /// Per worker: killed, and the time of its last event.
+    pub workers: HashMap<u32, (bool, u64)>,
+    /// Times a worker's runtime did not run (worker, from, to).
+    pub stalls: Vec<(u32, u64, u64)>,
 }
 
 pub fn build_history(finished: &[(u32, PathBuf, Option<ExitStatus>)]) -> History {
@@ -120,6 +131,8 @@ pub fn build_history(finished: &[(u32, PathBuf, Option<ExitStatus>)]) -> History
             )),
             _ => {}
         }
+        let last = events.last().map_or(0, |e| e.t);
+        h.workers.insert(*id, (status.is_none(), last));
         let mut by_id: HashMap<String, GrantView> = HashMap::new();
         let mut order = Vec::new();
         for e in events {
@@ -134,6 +147,9 @@ pub fn build_history(finished: &[(u32, PathBuf, Option<ExitStatus>)]) -> History
                         last_held: None,
                         claim_end: None,
                         given_back: None,
+                        lost_at: None,
+                        worker: *id,
+                        style: e.get("style").to_owned(),
                         grant_line: e.origin.clone(),
                         last_held_line: None,
                     };
@@ -150,6 +166,13 @@ pub fn build_history(finished: &[(u32, PathBuf, Option<ExitStatus>)]) -> History
                     g.claim_end = g.claim_end.max(Some(claim));
                 }
                 "NOTHELD" if e.get("lost") == "true" => h.lost_observed += 1,
+                "STALL" => h.stalls.push((*id, e.num("from"), e.t)),
+                "LOST" => {
+                    let g = by_id
+                        .get_mut(e.get("grant"))
+                        .unwrap_or_else(|| panic!("LOST before GRANT: {}", e.origin));
+                    g.lost_at.get_or_insert(e.t);
+                }
                 "RELEASING" | "DROP" => {
                     let g = by_id
                         .get_mut(e.get("grant"))
@@ -235,6 +258,87 @@ pub fn check_claims(h: &History, violations: &mut Vec<String>) {
             }
         }
     }
+}
+
+/// Check 1c: every guard whose lock lapsed saw `lost()` by its deadline.
+/// A lock lapsed when another holder was granted the key before this one
+/// gave it back: its Redis lease had ended, and the guard's deadline comes
+/// before that (it is counted from when the grant or renewal was sent,
+/// less a margin), so `lost()` must have resolved by the other's grant
+/// (plus `LOST_SLACK` for the worker's timer and log). A lock taken with a
+/// hold cap of one lease (`Expire`) lapses by `attempt + LEASE` (or when
+/// its answer came, if later) whoever comes next. Not judged: a worker stopped (SIGSTOP) between its last
+/// look that said held and that moment, or killed before it.
+/// Returns the smallest margin seen (ms by which `lost()` came before the
+/// bound; negative: after).
+pub fn check_lost(
+    h: &History,
+    pauses: &[(u32, u64, u64)],
+    violations: &mut Vec<String>,
+) -> Option<f64> {
+    let mut closest: Option<f64> = None;
+    let slack = LOST_SLACK.as_nanos() as u64;
+    for a in &h.grants {
+        // The earliest moment the lock had certainly lapsed, and why.
+        let next = h
+            .grants
+            .iter()
+            .filter(|b| b.key == a.key && b.granted > a.granted)
+            .filter(|b| a.given_back.is_none_or(|g| g > b.granted))
+            .min_by_key(|b| b.granted);
+        let mut bound = next.map(|b| (b.granted, format!("{} was granted the key", b.id)));
+        if a.style == "Expire" {
+            // (Not before the holder had its answer: a grant answered
+            // after its cap arrives lost.)
+            let cap = (a.attempt + LEASE.as_nanos() as u64).max(a.granted);
+            if a.given_back.is_none_or(|g| g > cap + slack)
+                && bound.as_ref().is_none_or(|(t, _)| cap < *t)
+            {
+                bound = Some((cap, "its hold cap ended".to_owned()));
+            }
+        }
+        let Some((by, why)) = bound else { continue };
+        let (killed, last_event) = h.workers.get(&a.worker).copied().unwrap_or((false, 0));
+        if killed && last_event < by + slack {
+            continue;
+        }
+        // Had the worker's runtime run at `by + slack`, the deadline's
+        // timer (due at `by` at the latest) would have fired by then; so a
+        // late `LOST` is the lock's fault unless the worker was stopped, or
+        // its runtime did not run, at that moment (50 ms: the heartbeat's
+        // threshold).
+        let at = by + slack;
+        let grace = 50_000_000;
+        let stopped = pauses
+            .iter()
+            .chain(&h.stalls)
+            .any(|&(w, p0, p1)| w == a.worker && p0 <= at && p1 + grace >= at);
+        if stopped {
+            continue;
+        }
+        match a.lost_at {
+            Some(l) => {
+                let margin = (by as f64 - l as f64) / 1e6;
+                closest = Some(closest.map_or(margin, |c: f64| c.min(margin)));
+                if l > by + slack {
+                    violations.push(format!(
+                        "lost: {}: {}'s lost() resolved {:.1} ms after {why}\n{}",
+                        a.key,
+                        a.id,
+                        (l - by) as f64 / 1e6,
+                        a.describe()
+                    ));
+                }
+            }
+            None => violations.push(format!(
+                "lost: {}: {}'s lost() never resolved, yet {why} before it gave the lock back\n{}",
+                a.key,
+                a.id,
+                a.describe()
+            )),
+        }
+    }
+    closest
 }
 
 /// Check 2: fencing tokens strictly increase in grant order. Two grants are
@@ -350,20 +454,22 @@ pub fn check_resource(
 pub fn check_progress(
     h: &History,
     accepted: &[Accepted],
+    (min_grants, min_writes): (usize, usize),
+    plan: &Plan,
     faults: &FaultCounts,
     violations: &mut Vec<String>,
 ) {
     for key in keys() {
         let grants = h.grants.iter().filter(|g| g.key == key).count();
         let writes = accepted.iter().filter(|a| a.key == key).count();
-        if grants < MIN_GRANTS_PER_KEY || writes < MIN_APPLIED_WRITES_PER_KEY {
+        if grants < min_grants || writes < min_writes {
             violations.push(format!(
-                "progress: {key}: {grants} grants (need {MIN_GRANTS_PER_KEY}), \
-                 {writes} applied writes (need {MIN_APPLIED_WRITES_PER_KEY})"
+                "progress: {key}: {grants} grants (need {min_grants}), \
+                 {writes} applied writes (need {min_writes})"
             ));
         }
     }
-    if faults.worker_pauses == 0 || faults.lock_freezes == 0 || faults.worker_kills == 0 {
+    if plan.first.iter().any(|f| faults.of(*f) == 0) {
         violations.push(format!(
             "faults: a kind of fault never happened: {faults:?}"
         ));

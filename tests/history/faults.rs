@@ -1,6 +1,8 @@
 //! The controller side: worker processes and the faults injected into them.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File};
+use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -8,7 +10,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::support::RedisServer;
-use crate::worker::WorkerSpec;
+use crate::support::fault::FaultProxy;
+use crate::worker::{WorkerSpec, mono_ns};
 use crate::{LEASE, WORKER_ENV, WORKER_TEST};
 
 /// The worker processes; every one still running is SIGCONTed, SIGKILLed
@@ -23,6 +26,57 @@ pub struct Workers {
     pub next_id: u32,
     pub running: Vec<Worker>,
     pub finished: Vec<(u32, PathBuf, Option<ExitStatus>)>,
+    /// With a nemesis: each worker reaches the lock servers through
+    /// proxies of its own.
+    pub links: Option<Links>,
+    /// When workers were stopped (SIGSTOP): worker id, from, to (ns).
+    pub pauses: Vec<(u32, u64, u64)>,
+}
+
+/// Each worker's own proxies, one per lock server, on a runtime of the
+/// controller's.
+pub struct Links {
+    /// Worker id and its proxies, in lock server order. (Declared before
+    /// the runtime: dropped first.)
+    pub proxies: Vec<(u32, Vec<FaultProxy>)>,
+    pub targets: Vec<SocketAddr>,
+    pub rt: tokio::runtime::Runtime,
+}
+
+impl Links {
+    pub fn new(targets: Vec<SocketAddr>) -> Links {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        Links {
+            proxies: Vec::new(),
+            targets,
+            rt,
+        }
+    }
+
+    /// Proxies for worker `id`; their URLs.
+    fn add(&mut self, id: u32) -> Vec<String> {
+        let proxies: Vec<FaultProxy> = self
+            .targets
+            .iter()
+            .map(|t| FaultProxy::start_on(self.rt.handle(), *t))
+            .collect();
+        let urls = proxies.iter().map(FaultProxy::url).collect();
+        self.proxies.push((id, proxies));
+        urls
+    }
+
+    fn of(&self, id: u32) -> &[FaultProxy] {
+        &self
+            .proxies
+            .iter()
+            .find(|(w, _)| *w == id)
+            .expect("a worker without proxies")
+            .1
+    }
 }
 
 pub struct Worker {
@@ -36,10 +90,14 @@ impl Workers {
         let id = self.next_id;
         self.next_id += 1;
         let log = self.dir.join(format!("worker-{id}.log"));
+        let lock_urls = match &mut self.links {
+            Some(links) => links.add(id),
+            None => self.lock_urls.clone(),
+        };
         let spec = WorkerSpec {
             id,
             seed: self.seed,
-            lock_urls: self.lock_urls.clone(),
+            lock_urls,
             resource_url: self.resource_url.clone(),
             log: log.clone(),
             deadline_ns: self.deadline_ns,
@@ -151,34 +209,171 @@ impl Drop for Workers {
     }
 }
 
+/// How many faults of each kind were injected, and how many of them
+/// lasted longer than a lease.
 #[derive(Debug, Default, Clone)]
 pub struct FaultCounts {
-    pub worker_pauses: u32,
-    pub worker_pauses_past_lease: u32,
-    pub lock_freezes: u32,
-    pub lock_freezes_past_lease: u32,
-    pub worker_kills: u32,
-    pub quiet_gaps: u32,
+    pub by_kind: BTreeMap<&'static str, u32>,
+    pub past_lease: BTreeMap<&'static str, u32>,
 }
 
-#[derive(Debug, Clone, Copy)]
+impl FaultCounts {
+    fn count(&mut self, fault: Fault, lasted: Option<Duration>) {
+        *self.by_kind.entry(fault.name()).or_default() += 1;
+        if lasted.is_some_and(|d| d > LEASE) {
+            *self.past_lease.entry(fault.name()).or_default() += 1;
+        }
+    }
+
+    pub fn of(&self, fault: Fault) -> u32 {
+        self.by_kind.get(fault.name()).copied().unwrap_or(0)
+    }
+
+    pub fn add(&mut self, other: &FaultCounts) {
+        for (k, n) in &other.by_kind {
+            *self.by_kind.entry(k).or_default() += n;
+        }
+        for (k, n) in &other.past_lease {
+            *self.past_lease.entry(k).or_default() += n;
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
+    /// SIGSTOP/SIGCONT of a worker.
     PauseWorker,
+    /// SIGSTOP/SIGCONT of a lock server.
     FreezeLock,
+    /// SIGKILL of a worker, and a replacement.
     KillWorker,
+    /// The nemesis, on one worker's links (one lock server's, or all):
+    /// latency each way.
+    Latency,
+    /// A bandwidth limit.
+    Bandwidth,
+    /// Connections open, nothing passes; then what was held goes on.
+    Blackhole,
+    /// Open connections stall, new ones are reset.
+    Partition,
+    /// The open connections never carry anything again (half-open).
+    Sever,
+    /// The open connections are reset.
+    Reset,
+    /// The open connections are reset a few bytes into the next answer.
+    ResetMidReply,
     Nothing,
+}
+
+impl Fault {
+    pub const NETWORK: [Fault; 7] = [
+        Fault::Latency,
+        Fault::Bandwidth,
+        Fault::Blackhole,
+        Fault::Partition,
+        Fault::Sever,
+        Fault::Reset,
+        Fault::ResetMidReply,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::PauseWorker => "pause_worker",
+            Fault::FreezeLock => "freeze_lock",
+            Fault::KillWorker => "kill_worker",
+            Fault::Latency => "latency",
+            Fault::Bandwidth => "bandwidth",
+            Fault::Blackhole => "blackhole",
+            Fault::Partition => "partition",
+            Fault::Sever => "sever",
+            Fault::Reset => "reset",
+            Fault::ResetMidReply => "reset_mid_reply",
+            Fault::Nothing => "nothing",
+        }
+    }
+
+    pub fn parse(name: &str) -> Fault {
+        [
+            Fault::PauseWorker,
+            Fault::FreezeLock,
+            Fault::KillWorker,
+            Fault::Nothing,
+        ]
+        .into_iter()
+        .chain(Fault::NETWORK)
+        .find(|f| f.name() == name)
+        .unwrap_or_else(|| panic!("no fault kind {name:?}"))
+    }
+}
+
+/// Which faults a history gets: each of `first` once, early, in a seeded
+/// order; then one at random by weight.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub first: Vec<Fault>,
+    pub weights: Vec<(Fault, u32)>,
+}
+
+impl Plan {
+    /// Worker pauses and kills, lock server freezes.
+    pub fn processes() -> Plan {
+        Plan {
+            first: vec![Fault::PauseWorker, Fault::FreezeLock, Fault::KillWorker],
+            weights: vec![
+                (Fault::PauseWorker, 40),
+                (Fault::FreezeLock, 30),
+                (Fault::KillWorker, 12),
+                (Fault::Nothing, 18),
+            ],
+        }
+    }
+
+    /// The network faults `kinds` (every one when empty) on the workers'
+    /// links, with worker pauses and kills among them when every kind is
+    /// in.
+    pub fn nemesis(kinds: &[Fault]) -> Plan {
+        if kinds.is_empty() {
+            let mut weights: Vec<(Fault, u32)> = Fault::NETWORK.iter().map(|f| (*f, 12)).collect();
+            weights.extend([
+                (Fault::PauseWorker, 8),
+                (Fault::KillWorker, 4),
+                (Fault::Nothing, 4),
+            ]);
+            Plan {
+                first: Fault::NETWORK.to_vec(),
+                weights,
+            }
+        } else {
+            Plan {
+                first: kinds.to_vec(),
+                weights: kinds.iter().map(|f| (*f, 10)).collect(),
+            }
+        }
+    }
+
+    fn pick(&self, rng: &mut fastrand::Rng) -> Fault {
+        let total: u32 = self.weights.iter().map(|(_, w)| w).sum();
+        let mut at = rng.u32(..total);
+        for (f, w) in &self.weights {
+            if at < *w {
+                return *f;
+            }
+            at -= w;
+        }
+        unreachable!()
+    }
 }
 
 /// Injects seeded faults until `until`, one at a time.
 pub fn inject_faults(
     rng: &mut fastrand::Rng,
+    plan: &Plan,
     workers: &mut Workers,
     lock_servers: &[RedisServer],
     until: Instant,
 ) -> FaultCounts {
     let mut counts = FaultCounts::default();
-    // Every kind at least once, early, in a seeded order; then at random.
-    let mut first = vec![Fault::PauseWorker, Fault::FreezeLock, Fault::KillWorker];
+    let mut first = plan.first.clone();
     rng.shuffle(&mut first);
     first.reverse();
     loop {
@@ -186,24 +381,19 @@ pub fn inject_faults(
         if Instant::now() >= until {
             break;
         }
-        let fault = first.pop().unwrap_or_else(|| match rng.u32(..100) {
-            0..40 => Fault::PauseWorker,
-            40..70 => Fault::FreezeLock,
-            70..82 => Fault::KillWorker,
-            _ => Fault::Nothing,
-        });
-        match fault {
+        let fault = first.pop().unwrap_or_else(|| plan.pick(rng));
+        let lasted = match fault {
             Fault::PauseWorker => {
                 let slot = rng.usize(..workers.running.len());
                 // Up to 2.5 leases: often long enough to lose the lock.
                 let pause = LEASE.mul_f64(rng.f64() * 2.4 + 0.1);
+                let id = workers.running[slot].id;
+                let from = mono_ns();
                 workers.signal(slot, libc::SIGSTOP);
                 thread::sleep(pause);
                 workers.signal(slot, libc::SIGCONT);
-                counts.worker_pauses += 1;
-                if pause > LEASE {
-                    counts.worker_pauses_past_lease += 1;
-                }
+                workers.pauses.push((id, from, mono_ns()));
+                Some(pause)
             }
             Fault::FreezeLock => {
                 let node = rng.usize(..lock_servers.len());
@@ -211,18 +401,63 @@ pub fn inject_faults(
                 lock_servers[node].freeze();
                 thread::sleep(freeze);
                 lock_servers[node].thaw();
-                counts.lock_freezes += 1;
-                if freeze > LEASE {
-                    counts.lock_freezes_past_lease += 1;
-                }
+                Some(freeze)
             }
             Fault::KillWorker => {
                 let slot = rng.usize(..workers.running.len());
                 workers.kill_and_replace(slot);
-                counts.worker_kills += 1;
+                None
             }
-            Fault::Nothing => counts.quiet_gaps += 1,
-        }
+            Fault::Nothing => None,
+            network => Some(on_links(rng, network, workers)),
+        };
+        counts.count(fault, lasted);
     }
     counts
+}
+
+/// One network fault on one worker's links (one lock server's, or all of
+/// them); healed before the next fault.
+fn on_links(rng: &mut fastrand::Rng, fault: Fault, workers: &Workers) -> Duration {
+    let links = workers
+        .links
+        .as_ref()
+        .expect("a network fault without proxies");
+    let id = workers.running[rng.usize(..workers.running.len())].id;
+    let all = links.of(id);
+    let proxies: Vec<&FaultProxy> = if all.len() > 1 && rng.bool() {
+        vec![&all[rng.usize(..all.len())]]
+    } else {
+        all.iter().collect()
+    };
+    let lasting = LEASE.mul_f64(rng.f64() * 2.4 + 0.1);
+    let each = |f: &dyn Fn(&FaultProxy)| proxies.iter().for_each(|p| f(p));
+    match fault {
+        Fault::Latency => {
+            let up = LEASE.mul_f64(rng.f64() / 3.0);
+            let down = LEASE.mul_f64(rng.f64() / 3.0);
+            each(&|p| p.set_latency(up, down));
+        }
+        Fault::Bandwidth => {
+            let rate = rng.u64(500..20_000);
+            each(&|p| p.set_bandwidth(Some(rate)));
+        }
+        Fault::Blackhole => each(&|p| p.blackhole(lasting)),
+        Fault::Partition => each(&|p| p.partition(lasting)),
+        Fault::Sever => each(&|p| p.sever()),
+        Fault::Reset => each(&|p| p.reset()),
+        Fault::ResetMidReply => {
+            let n = rng.usize(..48);
+            each(&|p| p.reset_mid_reply(n));
+        }
+        other => unreachable!("{other:?} is not a network fault"),
+    }
+    match fault {
+        Fault::Sever | Fault::Reset | Fault::ResetMidReply => Duration::ZERO,
+        _ => {
+            thread::sleep(lasting);
+            each(&|p| p.heal());
+            lasting
+        }
+    }
 }

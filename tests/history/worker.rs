@@ -5,6 +5,7 @@ use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tower_redis_lock::{
@@ -12,6 +13,11 @@ use tower_redis_lock::{
 };
 
 use crate::{CALL_GUARD, KEYS, LEASE, MAX_ITERATIONS, NAMESPACE, WAIT, WORKER_ENV};
+
+/// How often the heartbeat ticks, and a gap between ticks logged as a
+/// `STALL`.
+const HEARTBEAT: Duration = Duration::from_millis(10);
+const STALL: Duration = Duration::from_millis(50);
 
 /// `CLOCK_MONOTONIC` in nanoseconds: one clock for every process on the
 /// machine (std and tokio `Instant`s read the same clock on Linux).
@@ -28,9 +34,11 @@ pub fn mono_ns() -> u64 {
 
 /// A worker's event log: one line per event, `<mono ns> <KIND> k=v ...`,
 /// each appended with a single `write` so a SIGKILL never leaves half a line
-/// behind a complete one.
+/// behind a complete one. Clones append to the same file (the tasks that
+/// watch `lost()`).
+#[derive(Clone)]
 pub struct EventLog {
-    pub file: File,
+    pub file: Arc<File>,
 }
 
 impl EventLog {
@@ -40,12 +48,14 @@ impl EventLog {
             .append(true)
             .open(path)
             .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
-        EventLog { file }
+        EventLog {
+            file: Arc::new(file),
+        }
     }
 
-    fn event(&mut self, t: u64, kind: &str, fields: fmt::Arguments<'_>) {
+    fn event(&self, t: u64, kind: &str, fields: fmt::Arguments<'_>) {
         let line = format!("{t} {kind} {fields}\n");
-        self.file
+        (&*self.file)
             .write_all(line.as_bytes())
             .expect("cannot append to the worker log");
     }
@@ -119,6 +129,22 @@ pub async fn worker_main(spec: WorkerSpec) {
             spec.seed
         ),
     );
+    // A heartbeat: when this process's runtime did not run for a while (the
+    // process not scheduled, or something blocking the thread), nothing of
+    // it could react then; logged, so the `lost` check does not blame the
+    // lock for a late `LOST` line.
+    let beat = log.clone();
+    tokio::spawn(async move {
+        let mut last = mono_ns();
+        loop {
+            tokio::time::sleep(HEARTBEAT).await;
+            let now = mono_ns();
+            if now - last > STALL.as_nanos() as u64 {
+                beat.event(now, "STALL", format_args!("from={last}"));
+            }
+            last = now;
+        }
+    });
     if spec.lock_urls.len() == 1 {
         let store = lock_node(&spec.lock_urls[0]);
         worker_loop(&spec, &mut log, store).await;
@@ -220,6 +246,19 @@ pub async fn worker_loop<S: LockStore + Clone>(spec: &WorkerSpec, log: &mut Even
                 guard.fencing_token().unwrap().get()
             ),
         );
+        // `lost()` watched from the grant to its giving back: the time it
+        // resolved is what the `lost` check compares with the deadline.
+        let (given_back, give_back) = tokio::sync::oneshot::channel::<()>();
+        let watcher = {
+            let (guard, log, id) = (guard.clone(), log.clone(), grant.id.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    biased;
+                    () = guard.lost() => log.event(mono_ns(), "LOST", format_args!("grant={id}")),
+                    _ = give_back => {}
+                }
+            })
+        };
         observe(log, &grant, &guard);
         let mut writes = 0u32;
         grant.write(log, &guard, &mut conn, &mut writes).await;
@@ -255,6 +294,8 @@ pub async fn worker_loop<S: LockStore + Clone>(spec: &WorkerSpec, log: &mut Even
         }
         // The last look before giving the lock back.
         observe(log, &grant, &guard);
+        let _ = given_back.send(());
+        let _ = watcher.await;
         if rng.u32(..100) < 70 {
             log.event(mono_ns(), "RELEASING", format_args!("grant={}", grant.id));
             let res = tokio::time::timeout(CALL_GUARD, guard.release()).await;

@@ -27,6 +27,43 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// A header's value as text, if present and text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// Every value of a header, as text, in order.
+    pub fn all(&self, name: &http::HeaderName) -> Vec<&str> {
+        self.headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect()
+    }
+
+    /// The `fencing-token` header, which must be there.
+    pub fn fencing(&self) -> u64 {
+        self.fencing_in("fencing-token")
+            .unwrap_or_else(|| panic!("no fencing-token on {self:?}"))
+    }
+
+    /// A token in the header `name`, if present.
+    pub fn fencing_in(&self, name: &str) -> Option<u64> {
+        self.header(name).map(|v| v.parse().unwrap())
+    }
+
+    /// Whether the answer is a replay (`idempotent-replayed: true`; any other
+    /// value of that header fails the test).
+    pub fn replayed(&self) -> bool {
+        match self.header("idempotent-replayed") {
+            None => false,
+            Some(v) => {
+                assert_eq!(v, "true", "{self:?}");
+                true
+            }
+        }
+    }
+
     /// The body as text (lossy).
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()

@@ -13,7 +13,7 @@
 //! | `resp` | [`Reply`] and the blocking one-shot RESP connection |
 //! | `info` | what a server reports (`INFO commandstats`, clients, memory, keys) |
 //! | `wait` | [`wait_until`] (blocking) and [`eventually`] (tokio clock) |
-//! | [`delay`] | [`delay::DelayProxy`]: a node that answers late (a TCP proxy holding answers back) |
+//! | [`fault`] | [`fault::FaultProxy`]: a TCP proxy whose link a test breaks while traffic flows (latency, bandwidth, blackhole, partition, resets) |
 //! | [`topology`] | Sentinel sets, Redis Clusters and independent primaries |
 //! | [`stores`] | one fixture per store, for the suites run against every store |
 //! | [`postgres`] | [`postgres::PgServer`]: a throwaway PostgreSQL (`initdb` + `postgres`) |
@@ -24,7 +24,7 @@
 
 #![allow(dead_code)]
 
-pub mod delay;
+pub mod fault;
 pub mod http;
 pub mod logs;
 pub mod postgres;
@@ -43,7 +43,7 @@ mod wait;
 #[allow(unused_imports)]
 pub use self::{
     info::parse_command_stats,
-    process::{kill_and_reap, process_state, send_signal, spawn_dying_with_test},
+    process::{harness_name, kill_and_reap, process_state, send_signal, spawn_dying_with_test},
     resp::Reply,
     server::{RedisServer, free_port},
     wait::{eventually, eventually_some, wait_until, wait_until_every},

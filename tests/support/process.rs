@@ -137,3 +137,14 @@ pub fn process_state(pid: u32) -> Option<char> {
     let (_, after_comm) = stat.rsplit_once(')')?;
     after_comm.trim_start().chars().next()
 }
+
+/// The test harness's name for `test`, a test function of the module
+/// `module` (pass `module_path!()`): what `--exact` needs to run that one
+/// test again in a child process, whether the file is a test binary of its
+/// own or a module of one.
+pub fn harness_name(module: &str, test: &str) -> String {
+    match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{test}"),
+        None => test.to_owned(),
+    }
+}

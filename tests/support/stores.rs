@@ -36,7 +36,7 @@ pub fn redlock_over(servers: &[RedisServer], command_timeout: Duration) -> Redlo
 }
 
 /// Redlock over the nodes at `urls` (servers, or
-/// [`DelayProxy`](super::delay::DelayProxy)s in front of them), each
+/// [`FaultProxy`](super::fault::FaultProxy)s in front of them), each
 /// node's calls bounded by `command_timeout`.
 pub fn redlock_over_urls(urls: &[String], command_timeout: Duration) -> RedlockStore {
     let nodes = urls

@@ -4,7 +4,7 @@ use std::sync::Mutex;
 
 use super::super::test_support::{Counting, key};
 use super::*;
-use crate::MemoryStore;
+use crate::store::memory::MemoryStore;
 
 const LEASE: Duration = Duration::from_secs(30);
 

@@ -1,5 +1,5 @@
 //! The whole request path in one spelling per path (see
-//! [`KeyFrom::path`](super::KeyFrom::path)).
+//! [`KeyFrom::path`](crate::KeyFrom::path)).
 
 use super::Refused;
 

@@ -1,7 +1,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
-use crate::MemoryStore;
+use crate::store::memory::MemoryStore;
 
 /// A memory store that overrides every default method and counts the
 /// calls to its overrides.

@@ -1,15 +1,17 @@
 //! The store on a Redis Cluster.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 
-use super::connection::Source;
+use super::connection::{Conn, Source};
 use super::notifier::PubSubSource;
 use super::settings::Pending;
 use super::{RedisStore, RedisStoreBuilder};
 use crate::error::ConfigError;
+use crate::sync::lock;
 
 impl RedisStore {
     /// A builder for a store on a Redis Cluster, given some of its nodes. Every lock's
@@ -76,6 +78,9 @@ pub(super) fn sources(
     urls: Vec<String>,
     command_timeout: Duration,
 ) -> Result<(Source, Option<PubSubSource>), ConfigError> {
+    for url in &urls {
+        super::tls::check_url("cluster_urls", url)?;
+    }
     let timeouts = NodeTimeouts::new(command_timeout);
     let client: ClusterClient = timeouts
         .apply(ClusterClientBuilder::new(urls.iter().map(String::as_str)))
@@ -86,4 +91,57 @@ pub(super) fn sources(
         Source::Cluster(Box::new(client)),
         Some(PubSubSource::Cluster(nodes, timeouts)),
     ))
+}
+
+impl RedisStore {
+    /// When the store's current cluster connection was opened (and its
+    /// slot map read), if it has one. A test hook, not part of the stable
+    /// API.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn slot_map_read_at(&self) -> Option<std::time::Instant> {
+        *lock(&self.inner.conn_opened)
+    }
+
+    /// Starts, once per store, the task that reads the slot map afresh
+    /// every `topology_refresh` (see
+    /// [`RedisStoreBuilder::topology_refresh`]): an idle store follows a
+    /// failover too. The task holds the store weakly, and ends with it.
+    pub(super) fn keep_slot_map_fresh(&self) {
+        if !self.inner.source.is_cluster() || self.inner.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let store = Arc::downgrade(&self.inner);
+        let every = self.inner.topology_refresh;
+        tokio::spawn(async move {
+            let start = tokio::time::Instant::now() + every;
+            let mut tick = tokio::time::interval_at(start, every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(inner) = store.upgrade() else {
+                    return;
+                };
+                RedisStore { inner }.refresh_slot_map().await;
+            }
+        });
+    }
+
+    /// Opens a new cluster connection (which reads the slot map from the
+    /// seed nodes), within the command timeout, and puts it in place of
+    /// the current one; calls meanwhile go on over the current one. On a
+    /// failure the current one stays (and the next tick tries again).
+    async fn refresh_slot_map(&self) {
+        let Source::Cluster(client) = &self.inner.source else {
+            return;
+        };
+        match tokio::time::timeout(self.inner.timeout, client.get_async_connection()).await {
+            Ok(Ok(conn)) => {
+                *lock(&self.inner.conn) = Some(Conn::Cluster(Box::new(conn)));
+                *lock(&self.inner.conn_opened) = Some(std::time::Instant::now());
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "slot map refresh failed"),
+            Err(_) => tracing::debug!("slot map refresh timed out"),
+        }
+    }
 }

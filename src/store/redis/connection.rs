@@ -4,7 +4,6 @@
 
 #[cfg(feature = "sentinel")]
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -14,21 +13,24 @@ use super::RedisStore;
 #[cfg(feature = "cluster")]
 use super::scripts::source_of;
 use super::scripts::{LoadFor, PRELOADED};
-use crate::error::BoxError;
 #[cfg(feature = "cluster")]
 use crate::error::ConfigError;
-use crate::{Error, LockKey, Operation};
+use crate::error::{Error, Operation};
+use crate::key::LockKey;
+use crate::sync::lock;
 
 /// Where command connections come from.
 #[derive(Clone)]
 pub(super) enum Source {
-    /// A pool the store made from a URL: its connections have no response
-    /// timeout of the client's own, the store's command timeout bounds
-    /// every call (one timer per command, not two).
-    Url(deadpool_redis::Pool),
+    /// A client the store made from a URL: it opens one multiplexed
+    /// connection at a time, with no response timeout of the client's own
+    /// (the store's command timeout bounds every call: one timer per
+    /// command, not two).
+    Url(Box<redis::Client>),
     /// A pool handed in: its connections come with the response timeout
     /// its manager gives them, which the store moves past the command
     /// timeout, so that the command timeout is what answers.
+    #[cfg(feature = "deadpool")]
     Pool(deadpool_redis::Pool),
     #[cfg(feature = "sentinel")]
     Sentinel(Arc<super::sentinel::Sentinels>),
@@ -40,7 +42,9 @@ impl Source {
     /// The topology, for `Debug`.
     pub(super) fn topology(&self) -> &'static str {
         match self {
-            Source::Url(_) | Source::Pool(_) => "primary",
+            Source::Url(_) => "primary",
+            #[cfg(feature = "deadpool")]
+            Source::Pool(_) => "primary",
             #[cfg(feature = "sentinel")]
             Source::Sentinel(_) => "sentinel",
             #[cfg(feature = "cluster")]
@@ -119,6 +123,32 @@ impl RedisStore {
         Box::pin(self.connect(op, key)).await
     }
 
+    /// Opens the store's connection now, as the first lock would (scripts
+    /// loaded, the eviction policy checked), and has the server answer a
+    /// `PING`, all within the command timeout: a readiness check at boot
+    /// or behind a `/ready` route. A bad URL, password, certificate, or an
+    /// evicting server under [`EvictionCheck::Refuse`](crate::EvictionCheck::Refuse),
+    /// answers here with the error the first lock would get
+    /// ([`Error::Auth`], [`Error::Unavailable`] with the cause in its
+    /// source chain, …), not at the first request.
+    ///
+    /// ```no_run
+    /// use tower_redis_lock::RedisStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = RedisStore::from_url("redis://127.0.0.1/")?;
+    /// store.check().await?; // fail at boot, not at the first request
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn check(&self) -> Result<(), Error> {
+        self.with_conn(Operation::Connect, None, |mut c| async move {
+            redis::cmd("PING").query_async::<()>(&mut c).await
+        })
+        .await
+    }
+
     /// Opens the shared command connection (one task at a time).
     async fn connect(&self, op: Operation, key: Option<&LockKey>) -> Result<Conn, Error> {
         let _one_at_a_time = self.inner.connecting.lock().await;
@@ -135,7 +165,9 @@ impl RedisStore {
             )),
             _ => Conn::Single(self.open_single(op, key).await?),
         };
+        #[cfg_attr(not(feature = "deadpool"), allow(unused_mut))]
         let mut conn = conn;
+        #[cfg(feature = "deadpool")]
         if let (Conn::Single(c), Source::Pool(_)) = (&mut conn, &self.inner.source) {
             // A pool handed in: the client's own response timeout (500 ms
             // by default) would cut every call short of a longer command
@@ -160,6 +192,8 @@ impl RedisStore {
         self.check_eviction(&mut conn, op, key).await?;
         *lock(&self.inner.conn) = Some(conn.clone());
         *lock(&self.inner.conn_opened) = Some(std::time::Instant::now());
+        #[cfg(feature = "cluster")]
+        self.keep_slot_map_fresh();
         Ok(conn)
     }
 
@@ -170,13 +204,19 @@ impl RedisStore {
         key: Option<&LockKey>,
     ) -> Result<MultiplexedConnection, Error> {
         match &self.inner.source {
-            Source::Url(pool) | Source::Pool(pool) => {
+            Source::Url(client) => client
+                .get_multiplexed_async_connection_with_config(&unbounded_responses())
+                .await
+                .map_err(|e| Error::from_redis(op, key, e)),
+            #[cfg(feature = "deadpool")]
+            Source::Pool(pool) => {
                 let obj = pool.get().await.map_err(|e| pool_error(op, key, e))?;
                 Ok(deadpool_redis::Connection::take(obj))
             }
             #[cfg(feature = "sentinel")]
             Source::Sentinel(sentinel) => {
                 let redis_err = |e| Error::from_redis(op, key, e);
+                sentinel.watch(&self.inner);
                 let client = sentinel.primary().await.map_err(redis_err)?;
                 client
                     .get_multiplexed_async_connection_with_config(&unbounded_responses())
@@ -247,19 +287,20 @@ impl RedisStore {
                 if let Source::Sentinel(_) = self.inner.source {
                     self.forget_connections();
                 }
-                // On a cluster, a silent primary may have been replaced by
-                // its replica: the client would never learn it (it refreshes
-                // its slot map only on an error or a redirect, and a frozen
-                // node gives neither), so the next call opens a new cluster
-                // connection, which reads the slot map afresh. At most once
-                // per command timeout, so that a node that stays frozen does
-                // not have every healthy call wait for a reconnect.
-                #[cfg(feature = "cluster")]
-                if let Source::Cluster(_) = self.inner.source {
-                    let opened = *lock(&self.inner.conn_opened);
-                    if opened.is_some_and(|at| at.elapsed() >= self.inner.timeout) {
-                        self.forget_connections();
-                    }
+                // Elsewhere the next call opens a new connection, at most
+                // once per command timeout (so that a server that stays
+                // frozen does not have every call wait for a reconnect).
+                // One primary: the connection may be half-open (its peer
+                // gone without a word, a NAT or firewall that dropped it),
+                // and it would answer nothing until TCP gives up on it,
+                // many minutes later. A cluster: a silent primary may have
+                // been replaced by its replica, and the client would never
+                // learn it (it refreshes its slot map only on an error or a
+                // redirect, and a frozen node gives neither); a new cluster
+                // connection reads the slot map afresh.
+                let opened = *lock(&self.inner.conn_opened);
+                if opened.is_some_and(|at| at.elapsed() >= self.inner.timeout) {
+                    self.forget_connections();
                 }
                 Err(timeout_error(op, key, bound))
             }
@@ -274,10 +315,6 @@ pub(super) fn unbounded_responses() -> redis::AsyncConnectionConfig {
     redis::AsyncConnectionConfig::new().set_response_timeout(None)
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 pub(super) fn timeout_error(op: Operation, key: Option<&LockKey>, after: Duration) -> Error {
     Error::Unavailable {
         op,
@@ -286,13 +323,14 @@ pub(super) fn timeout_error(op: Operation, key: Option<&LockKey>, after: Duratio
     }
 }
 
+#[cfg(feature = "deadpool")]
 fn pool_error(op: Operation, key: Option<&LockKey>, e: deadpool_redis::PoolError) -> Error {
     match e {
         deadpool_redis::PoolError::Backend(e) => Error::from_redis(op, key, e),
         other => Error::Unavailable {
             op,
             key: key.cloned(),
-            source: Box::new(other) as BoxError,
+            source: Box::new(other) as crate::error::BoxError,
         },
     }
 }

@@ -13,7 +13,8 @@ use crate::error::ConfigError;
 ///
 /// Each setting left unset is the first Sentinel URL's: its username and
 /// password, and TLS when it is `rediss://` (without certificate checks
-/// when it ends in `#insecure`). The database is 0 unless set (a Sentinel
+/// when it ends in `#insecure`, which with rustls needs feature
+/// `tls-rustls-insecure`). The database is 0 unless set (a Sentinel
 /// URL names no database). Sentinels and data nodes often differ (a
 /// Sentinel `requirepass` beside an ACL user on the primary); then say so:
 ///
@@ -41,6 +42,16 @@ pub struct DataNodes {
     database: i64,
     #[cfg(feature = "tls-rustls")]
     root_certificates: Option<Vec<u8>>,
+    #[cfg(feature = "tls-rustls")]
+    client_certificate: Option<ClientCertificate>,
+}
+
+/// A client certificate and its private key, in PEM.
+#[cfg(feature = "tls-rustls")]
+#[derive(Clone)]
+pub(super) struct ClientCertificate {
+    pub(super) certificate: Vec<u8>,
+    pub(super) key: Vec<u8>,
 }
 
 #[derive(Clone)]
@@ -60,7 +71,8 @@ pub enum NodeTls {
     /// `DataNodes::with_root_certificates`).
     Verified,
     /// TLS without any certificate check (tests only: anyone on the path
-    /// can read the owner tokens).
+    /// can read the owner tokens). With rustls it needs feature
+    /// `tls-rustls-insecure`; `build` refuses it otherwise.
     Insecure,
 }
 
@@ -72,6 +84,8 @@ pub(super) struct Resolved {
     pub(super) database: i64,
     #[cfg(feature = "tls-rustls")]
     pub(super) root_certificates: Option<Vec<u8>>,
+    #[cfg(feature = "tls-rustls")]
+    pub(super) client_certificate: Option<ClientCertificate>,
 }
 
 impl DataNodes {
@@ -124,6 +138,25 @@ impl DataNodes {
         self
     }
 
+    /// Present `certificate` (PEM, with its chain if any) and prove it
+    /// with `key` (its PEM private key) on the data nodes' TLS
+    /// connections, for servers that ask every client for one (mutual
+    /// TLS: `tls-auth-clients yes`). Implies [`NodeTls::Verified`] unless
+    /// TLS is set otherwise.
+    #[cfg(feature = "tls-rustls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls-rustls")))]
+    pub fn with_client_certificate(
+        mut self,
+        certificate: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.client_certificate = Some(ClientCertificate {
+            certificate: certificate.into(),
+            key: key.into(),
+        });
+        self
+    }
+
     /// The settings, each unset one taken from `sentinel` (the first
     /// Sentinel URL); checked.
     pub(super) fn resolve(self, sentinel: &redis::ConnectionInfo) -> Result<Resolved, ConfigError> {
@@ -139,7 +172,8 @@ impl DataNodes {
             }
         };
         #[cfg(feature = "tls-rustls")]
-        let certificates_given = self.root_certificates.is_some();
+        let certificates_given =
+            self.root_certificates.is_some() || self.client_certificate.is_some();
         #[cfg(not(feature = "tls-rustls"))]
         let certificates_given = false;
         let tls = match (self.tls, sentinel.addr()) {
@@ -151,12 +185,13 @@ impl DataNodes {
         };
         if tls != NodeTls::Off && cfg!(not(any(feature = "tls-rustls", feature = "tls-native-tls")))
         {
-            return Err(bad(
-                "TLS to the data nodes needs feature `tls-rustls` or `tls-native-tls`",
-            ));
+            return Err(bad(super::tls::NO_TLS));
+        }
+        if tls == NodeTls::Insecure {
+            super::tls::check_insecure("data_nodes")?;
         }
         if tls == NodeTls::Off && certificates_given {
-            return Err(bad("root certificates are for TLS, which is off"));
+            return Err(bad("certificates are for TLS, which is off"));
         }
         if self.database < 0 {
             return Err(bad("the database must be 0 or more"));
@@ -168,6 +203,8 @@ impl DataNodes {
             database: self.database,
             #[cfg(feature = "tls-rustls")]
             root_certificates: self.root_certificates,
+            #[cfg(feature = "tls-rustls")]
+            client_certificate: self.client_certificate,
         })
     }
 }
@@ -183,7 +220,8 @@ impl fmt::Debug for DataNodes {
         };
         d.field("tls", &self.tls).field("database", &self.database);
         #[cfg(feature = "tls-rustls")]
-        d.field("root_certificates", &self.root_certificates.is_some());
+        d.field("root_certificates", &self.root_certificates.is_some())
+            .field("client_certificate", &self.client_certificate.is_some());
         d.finish()
     }
 }

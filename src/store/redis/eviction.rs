@@ -2,8 +2,10 @@
 //! that can evict keys with an expiry can delete a held lock.
 
 use super::RedisStore;
-use super::connection::{Conn, lock};
-use crate::{Error, LockKey, Operation};
+use super::connection::Conn;
+use crate::error::{Error, Operation};
+use crate::key::LockKey;
+use crate::sync::lock;
 
 /// What a store does on connecting to a server whose `maxmemory-policy` can
 /// evict keys that have an expiry (`volatile-*`, `allkeys-*`): under memory

@@ -2,7 +2,7 @@
 //! bucket's fencing counter, all under one hash tag.
 
 use super::RedisStore;
-use crate::LockKey;
+use crate::key::LockKey;
 
 pub(super) const LOCK: &str = "lock";
 pub(super) const FENCE: &str = "fence";

@@ -4,12 +4,12 @@
 //! | file | job |
 //! |---|---|
 //! | `settings.rs` | `RedisStoreBuilder`: constructors over a URL or a pool, the settings and their checks |
-//! | `sentinel.rs`, `cluster.rs` | the Sentinel and Cluster builders (features `sentinel`, `cluster`) |
+//! | `sentinel.rs`, `cluster.rs` | the Sentinel and Cluster builders (features `sentinel`, `cluster`); the Sentinels' `+switch-master` watch |
 //! | `data_nodes.rs` | `DataNodes`: how a Sentinel store reaches the primary and replicas |
 //! | `scripts.rs`, `scripts/*.lua` | the Lua scripts and the calls that run them |
 //! | `keys.rs` | Redis names of a lock (hash tag, fencing bucket) |
 //! | `connection.rs` | connection sources, the shared connection, call timeouts |
-//! | `replicas.rs` | `WAIT` for replicas after a grant |
+//! | `replicas.rs` | `WAIT` for replicas (or `WAITAOF`) after a grant |
 //! | `eviction.rs` | the `maxmemory-policy` check |
 //! | `notifier/` | release notifications over pub/sub |
 
@@ -20,7 +20,9 @@ use bytes::Bytes;
 use redis::aio::MultiplexedConnection;
 
 use super::{AcquireOutcome, LockStore, ReleaseWatch, Renewal};
-use crate::{Error, LockKey, Operation, OwnerToken};
+use crate::error::{Error, Operation};
+use crate::key::LockKey;
+use crate::token::OwnerToken;
 
 #[cfg(feature = "cluster")]
 mod cluster;
@@ -35,6 +37,7 @@ mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod settings;
+mod tls;
 
 use connection::{Conn, Source};
 #[cfg(feature = "sentinel")]
@@ -60,9 +63,10 @@ pub use settings::RedisStoreBuilder;
 ///   ids of the bucket. All names of a lock share one hash tag, and nothing
 ///   is left in Redis per id once its lock is released (the counters are at
 ///   most 1,024 per namespace, each expiring after the fence retention);
-/// * commands go over one multiplexed connection checked out of the
-///   [`deadpool_redis::Pool`] and kept (a pool checkout pings, which would
-///   double the round trips); a broken connection is replaced from the pool;
+/// * commands go over one multiplexed connection, kept (opened from the
+///   URL's client, or checked out of a `deadpool_redis::Pool` handed in: a
+///   checkout per call would ping, doubling the round trips); a broken
+///   connection is replaced;
 /// * release notifications use one pub/sub connection per store, shared by
 ///   all waiters, when the store has a [`redis::Client`] for it
 ///   ([`from_url`](RedisStore::from_url) or
@@ -111,6 +115,12 @@ struct Inner {
     /// The last `maxmemory-policy` finding logged, so that a reconnect
     /// does not repeat it.
     eviction_reported: Mutex<Option<String>>,
+    /// How often a cluster store reads the slot map afresh.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    topology_refresh: Duration,
+    /// Whether the slot-map refresh task was started.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    refreshing: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -299,8 +309,12 @@ impl LockStore for RedisStore {
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
         let call = ScriptCall::new(
             &RELEASE,
-            &[self.name(key, LOCK), self.name(key, WAITED)],
-            &[Argv::Str(owner.as_str()), Argv::Str(self.publish_command())],
+            &[self.name(key, LOCK)],
+            &[
+                Argv::Str(owner.as_str()),
+                Argv::Str(self.publish_command()),
+                Argv::Name(self.name(key, WAITED)),
+            ],
         );
         let n: i64 = self
             .with_conn(Operation::Release, Some(key), |mut c| async move {

@@ -1,25 +1,41 @@
-//! `WAIT` for replicas after each grant: the settings, and the grant run on
-//! a connection of its own so that `WAIT` blocks nobody else.
+//! `WAIT` for replicas (or `WAITAOF` for the append-only file) after each
+//! grant: the settings, and the grant run on a connection of its own so
+//! that the wait blocks nobody else.
 
 use std::time::Duration;
 
 use redis::RedisError;
+use redis::aio::MultiplexedConnection;
 
-use super::connection::lock;
 use super::scripts::ScriptCall;
 use super::{RedisStore, ms};
+use crate::error::ConfigError;
+use crate::error::{Error, Operation};
+use crate::key::LockKey;
 use crate::store::LockStore;
-use crate::{Error, LockKey, Operation, OwnerToken};
+use crate::sync::lock;
+use crate::token::OwnerToken;
 
 /// Idle `WAIT` connections kept per store.
 const MAX_IDLE_WAIT_CONNS: usize = 16;
 
-/// `WAIT numreplicas timeout` after each grant.
+/// `WAIT numreplicas timeout` or `WAITAOF numlocal numreplicas timeout`
+/// after each grant.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct WaitReplicas {
+    /// `Some(local)` for `WAITAOF` (`local`: the primary's own AOF too).
+    aof: Option<bool>,
     replicas: u32,
     timeout: Duration,
     on_shortfall: ReplicaShortfall,
+}
+
+/// How many confirmed a grant: the primary's own AOF (`WAITAOF` only) and
+/// replicas.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Acks {
+    local: i64,
+    replicas: i64,
 }
 
 /// What to do when fewer replicas than asked acknowledge a grant in time.
@@ -38,10 +54,64 @@ pub enum ReplicaShortfall {
 impl WaitReplicas {
     pub(super) fn new(replicas: u32, timeout: Duration, on_shortfall: ReplicaShortfall) -> Self {
         WaitReplicas {
+            aof: None,
             replicas,
             timeout,
             on_shortfall,
         }
+    }
+
+    /// `WAITAOF (local as 0 or 1) replicas timeout`.
+    pub(super) fn aof(
+        local: bool,
+        replicas: u32,
+        timeout: Duration,
+        on_shortfall: ReplicaShortfall,
+    ) -> Self {
+        WaitReplicas {
+            aof: Some(local),
+            ..Self::new(replicas, timeout, on_shortfall)
+        }
+    }
+
+    /// The setting's name, for errors.
+    fn setting(&self) -> &'static str {
+        if self.aof.is_some() {
+            "wait_aof"
+        } else {
+            "wait_replicas"
+        }
+    }
+
+    /// The command, and how to read its answer.
+    fn command(&self) -> redis::Cmd {
+        match self.aof {
+            None => {
+                let mut c = redis::cmd("WAIT");
+                c.arg(self.replicas).arg(ms(self.timeout));
+                c
+            }
+            Some(local) => {
+                let mut c = redis::cmd("WAITAOF");
+                c.arg(u8::from(local))
+                    .arg(self.replicas)
+                    .arg(ms(self.timeout));
+                c
+            }
+        }
+    }
+
+    fn acks(&self, answer: redis::Value) -> redis::RedisResult<Acks> {
+        if self.aof.is_none() {
+            let replicas = redis::from_redis_value(answer)?;
+            return Ok(Acks { local: 0, replicas });
+        }
+        let (local, replicas) = redis::from_redis_value(answer)?;
+        Ok(Acks { local, replicas })
+    }
+
+    fn enough(&self, a: Acks) -> bool {
+        a.replicas >= i64::from(self.replicas) && a.local >= i64::from(self.aof == Some(true))
     }
 }
 
@@ -57,8 +127,15 @@ impl RedisStore {
         w: WaitReplicas,
     ) -> Result<(i64, redis::Value), Error> {
         let (kind, value, acked) = self.grant_and_wait(call, key, w).await?;
-        if let Some(acked) = acked {
-            self.check_replicas(key, owner, w, acked).await?;
+        match acked {
+            None => {}
+            Some(Ok(acked)) => self.check_replicas(key, owner, w, acked).await?,
+            // Granted, but the wait failed: the grant is taken back, so
+            // that it does not stand unconfirmed for a whole lease.
+            Some(Err(e)) => {
+                let _ = self.release(key, owner).await;
+                return Err(wait_error(key, w, e));
+            }
         }
         Ok((kind, value))
     }
@@ -72,7 +149,7 @@ impl RedisStore {
         call: &ScriptCall,
         key: &LockKey,
         w: WaitReplicas,
-    ) -> Result<(i64, redis::Value, Option<i64>), Error> {
+    ) -> Result<(i64, redis::Value, Option<Result<Acks, RedisError>>), Error> {
         let op = Operation::Acquire;
         let bound = self.inner.timeout.saturating_add(w.timeout);
         let work = async {
@@ -85,46 +162,55 @@ impl RedisStore {
                     c
                 }
             };
-            let fail = |e: RedisError| {
+            let (kind, value): (i64, redis::Value) = call.invoke(&mut conn).await.map_err(|e| {
                 self.forget_connection_on(&e);
                 Error::from_redis(op, Some(key), e)
-            };
-            let (kind, value): (i64, redis::Value) = call.invoke(&mut conn).await.map_err(fail)?;
-            let acked = if kind == 1 || kind == 3 {
-                let n: i64 = redis::cmd("WAIT")
-                    .arg(w.replicas)
-                    .arg(ms(w.timeout))
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(fail)?;
-                Some(n)
-            } else {
-                None
-            };
-            let mut idle = lock(&self.inner.wait_conns);
-            if idle.len() < MAX_IDLE_WAIT_CONNS {
-                idle.push(conn);
+            })?;
+            if kind != 1 && kind != 3 {
+                lock(&self.inner.wait_conns).push_within(conn);
+                return Ok((kind, value, None));
             }
-            Ok((kind, value, acked))
+            let acked = match w.command().query_async(&mut conn).await {
+                Ok(answer) => w.acks(answer),
+                Err(e) => Err(e),
+            };
+            match &acked {
+                Ok(_) => lock(&self.inner.wait_conns).push_within(conn),
+                Err(e) => self.forget_connection_on(e),
+            }
+            Ok((kind, value, Some(acked)))
         };
         self.bounded(op, Some(key), bound, work).await
     }
 
-    /// On too few replica acknowledgements with [`ReplicaShortfall::Fail`],
+    /// On too few acknowledgements with [`ReplicaShortfall::Fail`],
     /// releases the grant and fails.
     pub(super) async fn check_replicas(
         &self,
         key: &LockKey,
         owner: &OwnerToken,
         w: WaitReplicas,
-        acked: i64,
+        acked: Acks,
     ) -> Result<(), Error> {
-        if acked >= i64::from(w.replicas) {
+        if w.enough(acked) {
             return Ok(());
         }
+        let what = match w.aof {
+            None => format!("only {} of {} replicas", acked.replicas, w.replicas),
+            Some(local) => format!(
+                "the AOF of {} of {} replicas{}",
+                acked.replicas,
+                w.replicas,
+                if local && acked.local < 1 {
+                    " and not the primary's own"
+                } else {
+                    ""
+                }
+            ),
+        };
         match w.on_shortfall {
             ReplicaShortfall::Proceed => {
-                tracing::warn!(key = %key, acked, wanted = w.replicas, "grant not yet on enough replicas; proceeding");
+                tracing::warn!(key = %key, %what, "grant not yet confirmed; proceeding");
                 Ok(())
             }
             ReplicaShortfall::Fail => {
@@ -133,8 +219,7 @@ impl RedisStore {
                     op: Operation::Acquire,
                     key: Some(key.clone()),
                     source: format!(
-                        "only {acked} of {} replicas acknowledged the grant within {} ms",
-                        w.replicas,
+                        "{what} acknowledged the grant within {} ms",
                         w.timeout.as_millis()
                     )
                     .into(),
@@ -142,4 +227,36 @@ impl RedisStore {
             }
         }
     }
+}
+
+/// Idle wait connections, kept up to [`MAX_IDLE_WAIT_CONNS`].
+trait PushWithin {
+    fn push_within(&mut self, conn: MultiplexedConnection);
+}
+
+impl PushWithin for Vec<MultiplexedConnection> {
+    fn push_within(&mut self, conn: MultiplexedConnection) {
+        if self.len() < MAX_IDLE_WAIT_CONNS {
+            self.push(conn);
+        }
+    }
+}
+
+/// A wait that failed after a grant. A server that does not know the
+/// command (`WAITAOF` before Redis 7.2 or Valkey 7.2) or refuses it as set
+/// (`WAITAOF` asking for the primary's own AOF where `appendonly` is off) is
+/// a [`ConfigError`]: trying again cannot help.
+fn wait_error(key: &LockKey, w: WaitReplicas, e: RedisError) -> Error {
+    let text = e.to_string();
+    let unknown = text.contains("unknown command");
+    if unknown || text.contains("appendonly is disabled") {
+        let reason = if unknown {
+            let command = if w.aof.is_some() { "WAITAOF" } else { "WAIT" };
+            format!("the server has no {command} command ({text})")
+        } else {
+            format!("the server refused it: {text}")
+        };
+        return Error::Config(ConfigError::new(w.setting(), reason));
+    }
+    Error::from_redis(Operation::Acquire, Some(key), e)
 }

@@ -17,8 +17,10 @@ use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
 
 use super::keys::{FENCE, LOCK, Name, RECORD, RECORD_WRITER, WAITED};
 use super::{RedisStore, ms};
-use crate::store::AcquireOutcome;
-use crate::{Error, FencingToken, LockKey, Operation, OwnerToken};
+use crate::error::{Error, Operation};
+use crate::key::LockKey;
+use crate::store::{AcquireOutcome, LockStore};
+use crate::token::{FencingToken, OwnerToken};
 
 pub(super) const ACQUIRE_SRC: &str = include_str!("scripts/acquire.lua");
 pub(super) const EXTEND_SRC: &str = include_str!("scripts/extend.lua");
@@ -36,7 +38,6 @@ static ROLLBACK: LazyLock<Script> = LazyLock::new(|| Script::new(ROLLBACK_SRC));
 
 /// The source of one of the scripts above (for loading it where a call
 /// goes; redis-rs keeps a `Script`'s code to itself).
-#[cfg(feature = "cluster")]
 pub(super) fn source_of(script: &Script) -> &'static str {
     let scripts: [(&Script, &'static str); 6] = [
         (&ACQUIRE, ACQUIRE_SRC),
@@ -79,6 +80,9 @@ pub(super) enum Argv<'a> {
     Str(&'a str),
     Bytes(&'a [u8]),
     Int(u64),
+    /// A name the script reaches without declaring it (see acquire.lua,
+    /// "Slot migration").
+    Name(Name<'a>),
 }
 
 impl Argv<'_> {
@@ -87,6 +91,7 @@ impl Argv<'_> {
             Argv::Str(s) => s.len(),
             Argv::Bytes(b) => b.len(),
             Argv::Int(n) => digits(*n),
+            Argv::Name(n) => n.byte_len(),
         }
     }
 }
@@ -98,6 +103,7 @@ impl ToRedisArgs for Argv<'_> {
             Argv::Str(s) => s.write_redis_args(out),
             Argv::Bytes(b) => b.write_redis_args(out),
             Argv::Int(n) => n.write_redis_args(out),
+            Argv::Name(n) => n.write_redis_args(out),
         }
     }
 }
@@ -165,7 +171,26 @@ impl ScriptCall {
 
     async fn reload_and_send<T: FromRedisValue>(&self, c: &mut impl LoadFor) -> RedisResult<T> {
         c.load_for(self.script, &self.cmd).await?;
-        self.cmd.query_async(c).await
+        match self.cmd.query_async(c).await {
+            // On a Cluster the call can go to another node than the slot's
+            // primary, where the script was loaded: the node importing a
+            // migrating slot, after ASK. The script in full runs there (and
+            // stays in its script cache).
+            Err(e) if is_no_script(&e) => self.as_eval().query_async(c).await,
+            answer => answer,
+        }
+    }
+
+    /// The call as `EVAL <source> <numkeys> <keys> <args>`.
+    fn as_eval(&self) -> Cmd {
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(source_of(self.script));
+        for arg in self.cmd.args_iter().skip(2) {
+            if let redis::Arg::Simple(a) = arg {
+                eval.arg(a);
+            }
+        }
+        eval
     }
 }
 
@@ -204,34 +229,29 @@ impl RedisStore {
                 return Ok((AcquireOutcome::GrantedUnfenced, false));
             }
         }
-        let (lock, waited) = (self.name(key, LOCK), self.name(key, WAITED));
-        let (fence, record) = (self.name(key, FENCE), self.name(key, RECORD));
-        // Lock and waited-for mark, then the fence counter with fencing and
-        // the record last for a replay (see acquire.lua).
-        let keys: &[Name<'_>] = match (fencing, replay) {
-            (true, true) => &[lock, waited, fence, record],
-            (true, false) => &[lock, waited, fence],
-            (false, true) => &[lock, waited, record],
-            (false, false) => &[lock, waited],
-        };
-        let args = [
+        let lock = [self.name(key, LOCK)];
+        // The lock alone declared; the other names follow the lease, with
+        // the fence's name and retention only with fencing, and the record
+        // last for a replay (see acquire.lua).
+        let mut args = [
             Argv::Str(owner.as_str()),
             Argv::Int(ms(lease)),
-            Argv::Int(self.inner.fence_retention_ms),
+            Argv::Name(self.name(key, WAITED)),
+            Argv::Str(""),
+            Argv::Str(""),
+            Argv::Str(if self.inner.source.is_cluster() {
+                "1"
+            } else {
+                ""
+            }),
+            Argv::Name(self.name(key, RECORD)),
+            Argv::Str(""),
         ];
-        // The fence retention only with fencing: the script tells by it.
-        let args = if fencing { &args[..] } else { &args[..2] };
-        let call = ScriptCall::new(&ACQUIRE, keys, args);
-        let (kind, value) = match self.inner.wait_replicas {
-            None => {
-                self.with_conn(Operation::Acquire, Some(key), |mut c| async move {
-                    call.invoke(&mut c).await
-                })
-                .await?
-            }
-            // Boxed: its futures would otherwise grow every grant's.
-            Some(w) => Box::pin(self.grant_on_replicas(&call, key, owner, w)).await?,
-        };
+        if fencing {
+            args[3] = Argv::Name(self.name(key, FENCE));
+            args[4] = Argv::Int(self.inner.fence_retention_ms);
+        }
+        let (kind, value) = self.grant(key, owner, &lock, &mut args, replay).await?;
         let unexpected = || Error::Unavailable {
             op: Operation::Acquire,
             key: Some(key.clone()),
@@ -258,6 +278,49 @@ impl RedisStore {
                 (AcquireOutcome::Completed(Bytes::from(rec)), false)
             }
             _ => return Err(unexpected()),
+        })
+    }
+
+    /// Runs the acquire script with `args` (see [`acquire_script`]). A
+    /// replay whose record may be on the other node of a migrating slot
+    /// (answer 4) reads the record where the Cluster routes a plain `GET`,
+    /// and, if there is none, runs the script again saying so: no record
+    /// can appear meanwhile, as a new one is written where the lock is.
+    ///
+    /// [`acquire_script`]: RedisStore::acquire_script
+    async fn grant(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lock: &[Name<'_>],
+        args: &mut [Argv<'_>; 8],
+        replay: bool,
+    ) -> Result<(i64, redis::Value), Error> {
+        let len = if replay { 8 } else { 6 };
+        for _ in 0..3 {
+            let call = ScriptCall::new(&ACQUIRE, lock, &args[..len]);
+            let answer: (i64, redis::Value) = match self.inner.wait_replicas {
+                None => {
+                    self.with_conn(Operation::Acquire, Some(key), |mut c| async move {
+                        call.invoke(&mut c).await
+                    })
+                    .await?
+                }
+                // Boxed: its futures would otherwise grow every grant's.
+                Some(w) => Box::pin(self.grant_on_replicas(&call, key, owner, w)).await?,
+            };
+            if answer.0 != 4 {
+                return Ok(answer);
+            }
+            if let Some(rec) = Box::pin(crate::store::LockStore::read_record(self, key)).await? {
+                return Ok((2, redis::Value::BulkString(rec.to_vec())));
+            }
+            args[7] = Argv::Str("1");
+        }
+        Err(Error::Unavailable {
+            op: Operation::Acquire,
+            key: Some(key.clone()),
+            source: "the record kept moving between the nodes of a migrating slot".into(),
         })
     }
 
@@ -294,30 +357,68 @@ impl RedisStore {
         retention: Duration,
         mark: bool,
     ) -> Result<bool, Error> {
-        let keys = [
-            self.name(key, LOCK),
-            self.name(key, RECORD),
-            self.name(key, WAITED),
-            self.name(key, RECORD_WRITER),
+        // The lock alone declared (see finish.lua); the record writer only
+        // when marking (Redlock).
+        let args = [
+            Argv::Str(owner.as_str()),
+            Argv::Bytes(record.as_ref()),
+            Argv::Int(ms(retention)),
+            Argv::Str(self.publish_command()),
+            Argv::Name(self.name(key, RECORD)),
+            Argv::Name(self.name(key, WAITED)),
+            Argv::Name(self.name(key, RECORD_WRITER)),
         ];
-        // The record writer only when marking (Redlock).
-        let keys = if mark { &keys[..] } else { &keys[..3] };
-        let call = ScriptCall::new(
-            &FINISH,
-            keys,
-            &[
-                Argv::Str(owner.as_str()),
-                Argv::Bytes(record.as_ref()),
-                Argv::Int(ms(retention)),
-                Argv::Str(self.publish_command()),
-            ],
-        );
+        let args = if mark { &args[..] } else { &args[..6] };
+        let call = ScriptCall::new(&FINISH, &[self.name(key, LOCK)], args);
+        let migrating = !mark && self.inner.source.is_cluster();
         let n: i64 = self
             .with_conn(Operation::Release, Some(key), |mut c| async move {
-                call.invoke(&mut c).await
+                match call.invoke(&mut c).await {
+                    // The lock's slot is leaving this node, and the record's
+                    // name is not here: see `finish_while_migrating`.
+                    Err(e) if migrating && e.to_string().contains("non local key") => Ok(-1),
+                    other => other,
+                }
             })
             .await?;
+        if n == -1 {
+            return self
+                .finish_while_migrating(key, owner, record, retention)
+                .await;
+        }
         Ok(n == 1)
+    }
+
+    /// A finish whose lock is on the node its slot leaves, while the record
+    /// is not there. That node creates no name of the slot any more (it may
+    /// have moved), so the record cannot appear there before the move ends
+    /// (records are written only by a holder of the lock, and we hold it):
+    /// it is written where the slot goes, by a routed `SET` the node answers
+    /// with ASK, once the lock is known ours for a while more; then the lock
+    /// is released (the release script copes with the move).
+    async fn finish_while_migrating(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        record: Bytes,
+        retention: Duration,
+    ) -> Result<bool, Error> {
+        // Ours for the `SET` and the release at least.
+        if !self.extend(key, owner, self.inner.timeout * 4).await? {
+            return Ok(false);
+        }
+        let mut set = Cmd::new();
+        set.arg("SET")
+            .arg(self.name(key, RECORD))
+            .arg(record.as_ref())
+            .arg("PX")
+            .arg(ms(retention));
+        let () = self
+            .with_conn(Operation::Release, Some(key), |mut c| async move {
+                set.query_async(&mut c).await
+            })
+            .await?;
+        self.release(key, owner).await
     }
 
     /// Finish that remembers the record's writer (Redlock).
@@ -379,11 +480,16 @@ mod tests {
         let calls: [(&Script, Vec<Name<'_>>, Vec<Argv<'_>>); 6] = [
             (
                 &ACQUIRE,
-                vec![name(LOCK), name(WAITED), name(FENCE), name(RECORD)],
+                vec![name(LOCK)],
                 vec![
                     Argv::Str(owner.as_str()),
                     Argv::Int(30_000),
+                    Argv::Name(name(WAITED)),
+                    Argv::Name(name(FENCE)),
                     Argv::Int(u64::MAX),
+                    Argv::Str("1"),
+                    Argv::Name(name(RECORD)),
+                    Argv::Str(""),
                 ],
             ),
             (
@@ -393,17 +499,24 @@ mod tests {
             ),
             (
                 &RELEASE,
-                vec![name(LOCK), name(WAITED)],
-                vec![Argv::Str(owner.as_str()), Argv::Str("PUBLISH")],
+                vec![name(LOCK)],
+                vec![
+                    Argv::Str(owner.as_str()),
+                    Argv::Str("PUBLISH"),
+                    Argv::Name(name(WAITED)),
+                ],
             ),
             (
                 &FINISH,
-                vec![name(LOCK), name(RECORD), name(WAITED), name(RECORD_WRITER)],
+                vec![name(LOCK)],
                 vec![
                     Argv::Str(owner.as_str()),
                     Argv::Bytes(&record),
                     Argv::Int(86_400_000),
                     Argv::Str("SPUBLISH"),
+                    Argv::Name(name(RECORD)),
+                    Argv::Name(name(WAITED)),
+                    Argv::Name(name(RECORD_WRITER)),
                 ],
             ),
             (
@@ -431,6 +544,7 @@ mod tests {
                     Argv::Str(s) => plain.arg(*s),
                     Argv::Bytes(b) => plain.arg(*b),
                     Argv::Int(n) => plain.arg(*n),
+                    Argv::Name(n) => plain.arg(n.to_string()),
                 };
             }
             assert_eq!(cmd.get_packed_command(), plain.get_packed_command());

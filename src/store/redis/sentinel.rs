@@ -1,7 +1,9 @@
 //! The store on a Redis Sentinel set: the primary they name, reached with
 //! the data nodes' own settings ([`DataNodes`]).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -12,7 +14,7 @@ use super::connection::Source;
 use super::data_nodes::{DataNodes, NodeTls, Resolved};
 use super::notifier::PubSubSource;
 use super::settings::Pending;
-use super::{RedisStore, RedisStoreBuilder};
+use super::{Inner, RedisStore, RedisStoreBuilder};
 use crate::error::ConfigError;
 
 impl RedisStore {
@@ -27,8 +29,11 @@ impl RedisStore {
     /// reached with the same credentials and TLS mode unless
     /// [`data_nodes`](RedisStoreBuilder::data_nodes) says otherwise.
     ///
-    /// Consider [`wait_replicas`](RedisStoreBuilder::wait_replicas) to
-    /// shrink the window in which a failover loses a fresh grant.
+    /// A failover is also followed as soon as a Sentinel announces it
+    /// (`+switch-master`). Consider
+    /// [`wait_replicas`](RedisStoreBuilder::wait_replicas) (or
+    /// [`wait_aof`](RedisStoreBuilder::wait_aof)) so that a grant a
+    /// failover could lose is refused rather than acknowledged.
     #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
     pub fn sentinel_builder(sentinel_urls: &[&str], master_name: &str) -> RedisStoreBuilder {
         RedisStoreBuilder::pending(Ok(Pending::Sentinel {
@@ -55,7 +60,20 @@ impl RedisStore {
 /// Here the first Sentinel to name a primary that confirms
 /// its role wins, whatever the list order; the caller's command timeout
 /// bounds the lookup.
-pub(super) struct Sentinels(Vec<tokio::sync::Mutex<SentinelClient>>);
+///
+/// Each Sentinel is also watched for `+switch-master` on the store's
+/// primary (see [`watch`](Sentinels::watch)): a failover that breaks no
+/// connection (`SENTINEL FAILOVER`, a primary cut off from the Sentinels
+/// but not from the store) leaves the old primary a primary for seconds,
+/// until the Sentinels demote it, and without the event the store would
+/// grant there all along.
+pub(super) struct Sentinels {
+    clients: Vec<tokio::sync::Mutex<SentinelClient>>,
+    /// The Sentinels themselves (their credentials and TLS), for the watch.
+    infos: Vec<redis::ConnectionInfo>,
+    master: String,
+    watching: AtomicBool,
+}
 
 impl Sentinels {
     /// A client for the primary the Sentinels name now, with the data
@@ -65,7 +83,7 @@ impl Sentinels {
     /// that does not know the name, before one that cannot be reached.
     pub(super) async fn primary(&self) -> RedisResult<redis::Client> {
         let mut lookups: FuturesUnordered<_> = self
-            .0
+            .clients
             .iter()
             .map(|s| async move { s.lock().await.async_get_client().await })
             .collect();
@@ -84,6 +102,84 @@ impl Sentinels {
         Err(best.unwrap_or_else(|| {
             redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no Sentinel"))
         }))
+    }
+}
+
+impl Sentinels {
+    /// Starts watching every Sentinel for `+switch-master` on this
+    /// store's primary, once (on the first connection; it needs the
+    /// runtime). On the event the store drops its connections, so the
+    /// next call asks the Sentinels for the primary again, and its
+    /// notification connection subscribes again on the new primary (its
+    /// waiters woken to try at once): new grants, renewals and wake-ups
+    /// follow a failover when the Sentinels announce it, not when the old
+    /// primary is demoted (seconds later).
+    pub(super) fn watch(&self, store: &Arc<Inner>) {
+        if self.watching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        for info in &self.infos {
+            let task = watch_one(
+                Arc::downgrade(store),
+                info.clone(),
+                self.master.clone(),
+                store.timeout,
+            );
+            tokio::spawn(task);
+        }
+    }
+}
+
+/// How often a watch looks whether its store is gone, and how long it
+/// waits before subscribing again after a Sentinel failed it.
+const WATCH_PERIOD: Duration = Duration::from_secs(1);
+
+/// Subscribes to `+switch-master` on one Sentinel, again whenever the
+/// subscription breaks, until the store is dropped; on a switch of
+/// `master`, the store forgets its connections.
+async fn watch_one(
+    store: Weak<Inner>,
+    sentinel: redis::ConnectionInfo,
+    master: String,
+    timeout: Duration,
+) {
+    // "<name> <old ip> <old port> <new ip> <new port>"
+    let ours = format!("{master} ");
+    while store.strong_count() > 0 {
+        let subscribe = async {
+            let client = redis::Client::open(sentinel.clone())?;
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe("+switch-master").await?;
+            RedisResult::Ok(pubsub)
+        };
+        if let Ok(Ok(pubsub)) = tokio::time::timeout(timeout, subscribe).await {
+            let mut events = pubsub.into_on_message();
+            let mut tick = tokio::time::interval(WATCH_PERIOD);
+            loop {
+                tokio::select! {
+                    event = events.next() => match event {
+                        Some(m) => {
+                            let payload: String = m.get_payload().unwrap_or_default();
+                            if payload.starts_with(&ours) {
+                                let Some(inner) = store.upgrade() else { return };
+                                tracing::info!(%payload, "Sentinel switched the primary; reconnecting");
+                                if let Some(notifier) = inner.notifier.get() {
+                                    notifier.reconnect();
+                                }
+                                RedisStore { inner }.forget_connections();
+                            }
+                        }
+                        None => break,
+                    },
+                    _ = tick.tick() => {
+                        if store.strong_count() == 0 {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(WATCH_PERIOD).await;
     }
 }
 
@@ -107,6 +203,9 @@ pub(super) fn sources(
     nodes: DataNodes,
 ) -> Result<(Source, Option<PubSubSource>), ConfigError> {
     let bad = |reason: String| ConfigError::new("sentinel_urls", reason);
+    for url in urls {
+        super::tls::check_url("sentinel_urls", url)?;
+    }
     let infos = urls
         .iter()
         .map(|u| u.as_str().into_connection_info())
@@ -141,7 +240,12 @@ pub(super) fn sources(
         })
         .collect::<RedisResult<Vec<_>>>()
         .map_err(|e| bad(e.to_string()))?;
-    let shared = Arc::new(Sentinels(clients));
+    let shared = Arc::new(Sentinels {
+        clients,
+        infos,
+        master: master.to_owned(),
+        watching: AtomicBool::new(false),
+    });
     Ok((
         Source::Sentinel(shared.clone()),
         Some(PubSubSource::Sentinel(shared)),
@@ -176,10 +280,16 @@ fn client(
         NodeTls::Insecure => builder = builder.set_client_to_redis_tls_mode(TlsMode::Insecure),
     }
     #[cfg(feature = "tls-rustls")]
-    if let Some(pem) = &nodes.root_certificates {
+    if nodes.root_certificates.is_some() || nodes.client_certificate.is_some() {
         builder = builder.set_client_to_redis_certificates(redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(pem.clone()),
+            client_tls: nodes
+                .client_certificate
+                .as_ref()
+                .map(|c| redis::ClientTlsConfig {
+                    client_cert: c.certificate.clone(),
+                    client_key: c.key.clone(),
+                }),
+            root_cert: nodes.root_certificates.clone(),
         });
     }
     builder.build()

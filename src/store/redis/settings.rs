@@ -15,12 +15,14 @@ use crate::key::validate_name;
 const DEFAULT_PREFIX: &str = "trl";
 const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(3600);
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often a cluster store reads the slot map afresh.
+const DEFAULT_TOPOLOGY_REFRESH: Duration = Duration::from_secs(30);
 /// A bound on a call is no bound past this (and the sums of timeouts stay
 /// far from overflowing).
 const MAX_COMMAND_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// Builds a [`RedisStore`]. Start from
-/// [`RedisStore::builder`] (a URL), [`RedisStore::pool_builder`],
+/// [`RedisStore::builder`] (a URL), `RedisStore::pool_builder` (feature `deadpool`),
 /// `RedisStore::sentinel_builder` or `RedisStore::cluster_builder`; the
 /// setters take values as they are, and [`build`](RedisStoreBuilder::build)
 /// checks them all and answers the first [`ConfigError`]. The built store is
@@ -49,6 +51,7 @@ pub struct RedisStoreBuilder {
     /// Checked, with `wait_replicas`, in `build`.
     settings: Settings,
     wait_replicas: Option<(u32, Duration, ReplicaShortfall)>,
+    wait_aof: Option<(bool, u32, Duration, ReplicaShortfall)>,
 }
 
 /// Where the store's connections will come from: made already, or (for
@@ -70,7 +73,8 @@ impl std::fmt::Debug for RedisStoreBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut d = f.debug_struct("RedisStoreBuilder");
         d.field("settings", &self.settings)
-            .field("wait_replicas", &self.wait_replicas);
+            .field("wait_replicas", &self.wait_replicas)
+            .field("wait_aof", &self.wait_aof);
         #[cfg(feature = "sentinel")]
         d.field("data_nodes", &self.data_nodes);
         d.finish_non_exhaustive()
@@ -80,31 +84,28 @@ impl std::fmt::Debug for RedisStoreBuilder {
 impl RedisStore {
     /// A builder for a store on the `redis://` (or `rediss://`, `unix://`)
     /// URL, with release notifications over a pub/sub connection to the
-    /// same server. A URL that does not parse is reported by `build`.
+    /// same server. The store opens one multiplexed connection (no pool)
+    /// and keeps it; a broken one is replaced. A URL that does not parse is
+    /// reported by `build`.
     pub fn builder(url: &str) -> RedisStoreBuilder {
         let config_err = |e: &dyn std::fmt::Display| ConfigError::new("url", format!("{e}"));
-        let source = redis::Client::open(url)
-            .map_err(|e| config_err(&e))
-            .and_then(|client| {
-                let manager = deadpool_redis::Manager::new_with_config(
-                    url,
-                    super::connection::unbounded_responses(),
-                )
-                .map_err(|e| config_err(&e))?;
-                let pool = deadpool_redis::Pool::builder(manager)
-                    .runtime(deadpool_redis::Runtime::Tokio1)
-                    .build()
-                    .map_err(|e| config_err(&e))?;
-                Ok((
-                    Source::Url(pool),
+        let source = super::tls::check_url("url", url)
+            .and_then(|()| redis::Client::open(url).map_err(|e| config_err(&e)))
+            .map(|client| {
+                (
+                    Source::Url(Box::new(client.clone())),
                     Some(PubSubSource::Client(Box::new(client))),
-                ))
+                )
             });
         RedisStoreBuilder::over(source)
     }
 
-    /// A builder for a store over an existing pool. Waiters poll unless you
-    /// add [`notifications`](RedisStoreBuilder::notifications).
+    /// A builder for a store over an existing pool (feature `deadpool`):
+    /// the store takes one connection out of it and keeps it, and another
+    /// when that one breaks. Waiters poll unless you add
+    /// [`notifications`](RedisStoreBuilder::notifications).
+    #[cfg(feature = "deadpool")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
     pub fn pool_builder(pool: deadpool_redis::Pool) -> RedisStoreBuilder {
         RedisStoreBuilder::over(Ok((Source::Pool(pool), None)))
     }
@@ -116,8 +117,10 @@ impl RedisStore {
         Self::builder(url).build()
     }
 
-    /// A store with the defaults over an existing pool, without release
-    /// notifications (waiters poll).
+    /// A store with the defaults over an existing pool (feature
+    /// `deadpool`), without release notifications (waiters poll).
+    #[cfg(feature = "deadpool")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
     pub fn new(pool: deadpool_redis::Pool) -> Self {
         Self::from_parts(Source::Pool(pool), None, Settings::default())
     }
@@ -139,6 +142,8 @@ impl RedisStore {
                 notifier: OnceLock::new(),
                 eviction_check: s.eviction_check,
                 eviction_reported: Mutex::default(),
+                topology_refresh: s.topology_refresh.unwrap_or(DEFAULT_TOPOLOGY_REFRESH),
+                refreshing: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -153,6 +158,8 @@ struct Settings {
     command_timeout: Duration,
     wait_replicas: Option<WaitReplicas>,
     eviction_check: EvictionCheck,
+    /// Set by `topology_refresh` (cluster stores only).
+    topology_refresh: Option<Duration>,
 }
 
 impl Default for Settings {
@@ -164,6 +171,7 @@ impl Default for Settings {
             command_timeout: DEFAULT_TIMEOUT,
             wait_replicas: None,
             eviction_check: EvictionCheck::default(),
+            topology_refresh: None,
         }
     }
 }
@@ -181,6 +189,7 @@ impl RedisStoreBuilder {
             data_nodes: None,
             settings: Settings::default(),
             wait_replicas: None,
+            wait_aof: None,
         }
     }
 
@@ -262,10 +271,53 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// After each grant, `WAITAOF` until the grant is in the primary's own
+    /// append-only file (`local`) and in that of `replicas` replicas, or
+    /// `timeout` passes; on a shortfall, as
+    /// [`wait_replicas`](Self::wait_replicas). Where `wait_replicas` only
+    /// knows that replicas received the grant, this knows that it is on
+    /// disk: a grant also survives a restart of the primary (`local`) or
+    /// of the replica that takes over. With `appendfsync everysec` a file
+    /// is synced up to a second after the grant: give the timeout room, or
+    /// use `appendfsync always`.
+    ///
+    /// Needs `WAITAOF` (Redis 7.2+, Valkey 7.2+) and, for `local`,
+    /// `appendonly yes` on the primary: a server without either makes the
+    /// first grant fail with [`Error::Config`](crate::Error::Config) (the
+    /// grant taken back), never a silent skip. `local` or at least one
+    /// replica; the timeout above 0 and below the command timeout; not
+    /// with `wait_replicas`, not on a cluster store.
+    pub fn wait_aof(
+        mut self,
+        local: bool,
+        replicas: u32,
+        timeout: Duration,
+        on_shortfall: ReplicaShortfall,
+    ) -> Self {
+        self.wait_aof = Some((local, replicas, timeout, on_shortfall));
+        self
+    }
+
     /// What to do on a server whose `maxmemory-policy` can evict locks (see
     /// [`EvictionCheck`]; default [`EvictionCheck::Log`]).
     pub fn eviction_check(mut self, check: EvictionCheck) -> Self {
         self.settings.eviction_check = check;
+        self
+    }
+
+    /// How often a cluster store reads the slot map afresh, in the
+    /// background (default 30 s; at least the command timeout). A primary
+    /// that freezes answers neither an error nor a redirect, so without
+    /// this a store that makes no call to its slots (or none that times
+    /// out) would keep the frozen primary after its replica took over.
+    /// The new map is read over new connections, within the command
+    /// timeout, while calls go on over the current ones; a frozen node
+    /// costs the refresh its own answer only. `build` refuses this setting
+    /// on other stores.
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn topology_refresh(mut self, every: Duration) -> Self {
+        self.settings.topology_refresh = Some(every);
         self
     }
 
@@ -316,25 +368,59 @@ impl RedisStoreBuilder {
         if s.command_timeout > MAX_COMMAND_TIMEOUT {
             return Err(ConfigError::new("command_timeout", "must be at most 1 h"));
         }
-        if let Some((replicas, timeout, on_shortfall)) = self.wait_replicas {
-            if replicas == 0 {
-                return Err(ConfigError::new("wait_replicas", "must be at least 1"));
+        if let Some(every) = s.topology_refresh {
+            if !source.is_cluster() {
+                return Err(ConfigError::new(
+                    "topology_refresh",
+                    "only a cluster store has a slot map to refresh",
+                ));
+            }
+            if every < s.command_timeout {
+                return Err(ConfigError::new(
+                    "topology_refresh",
+                    "must be at least the command timeout",
+                ));
+            }
+        }
+        if self.wait_replicas.is_some() && self.wait_aof.is_some() {
+            return Err(ConfigError::new(
+                "wait_aof",
+                "choose one of wait_replicas and wait_aof",
+            ));
+        }
+        let waits = self
+            .wait_replicas
+            .map(|(n, t, on)| ("wait_replicas", WaitReplicas::new(n, t, on), n, t))
+            .into_iter()
+            .chain(self.wait_aof.map(|(local, n, t, on)| {
+                let w = WaitReplicas::aof(local, n, t, on);
+                ("wait_aof", w, n.saturating_add(u32::from(local)), t)
+            }));
+        for (setting, w, confirmations, timeout) in waits {
+            if confirmations == 0 {
+                let reason = if setting == "wait_aof" {
+                    "the primary's own AOF or at least one replica"
+                } else {
+                    "must be at least 1"
+                };
+                return Err(ConfigError::new(setting, reason));
             }
             if source.is_cluster() {
                 return Err(ConfigError::new(
-                    "wait_replicas",
+                    setting,
                     "not supported on a cluster store (WAIT is per node)",
                 ));
             }
             if timeout.is_zero() || timeout >= s.command_timeout {
                 return Err(ConfigError::new(
-                    "wait_replicas",
+                    setting,
                     "the timeout must be above 0 and below the command timeout",
                 ));
             }
-            s.wait_replicas = Some(WaitReplicas::new(replicas, timeout, on_shortfall));
+            s.wait_replicas = Some(w);
         }
         if let Some(client) = self.notifications {
+            super::tls::check_client("notifications", &client)?;
             if source.is_cluster() {
                 return Err(ConfigError::new(
                     "notifications",

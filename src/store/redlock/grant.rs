@@ -8,9 +8,12 @@ use tokio::time::Instant;
 
 use super::RedlockStore;
 use super::quorum::{self, gather};
+use crate::error::{Error, Operation};
+use crate::key::LockKey;
+use crate::store::redis::RedisStore;
 use crate::store::{AcquireOutcome, LockStore};
 use crate::time::drift;
-use crate::{Error, FencingToken, LockKey, Operation, OwnerToken, RedisStore};
+use crate::token::{FencingToken, OwnerToken};
 
 impl RedlockStore {
     /// The grant: asks every node at once, answers at a quorum.

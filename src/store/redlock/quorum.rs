@@ -7,7 +7,8 @@ use std::future::Future;
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
-use crate::{Error, RedisStore};
+use crate::error::Error;
+use crate::store::redis::RedisStore;
 
 /// The calls still running when an operation was decided, each with its
 /// node's index.

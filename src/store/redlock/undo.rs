@@ -8,8 +8,11 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use super::RedlockStore;
+use crate::error::Error;
+use crate::key::LockKey;
 use crate::store::LockStore;
-use crate::{Error, LockKey, OwnerToken, RedisStore};
+use crate::store::redis::RedisStore;
+use crate::token::OwnerToken;
 
 impl RedlockStore {
     /// Undoes a grant (or a finish, with `rollback`) that did not count:

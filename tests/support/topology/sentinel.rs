@@ -20,7 +20,7 @@ pub struct SentinelSet {
 #[derive(Debug, Clone, Default)]
 pub struct SentinelOptions {
     /// Extra args of the primary and the replica (e.g. `--requirepass pw
-    /// --masterauth pw`, `--user ...`). With `--requirepass`, the helpers
+    /// --masterauth pw`, `--user ...`), after `tls_args`. With `--requirepass`, the helpers
     /// authenticate.
     pub data_args: Vec<String>,
     /// Extra lines of each sentinel's config, after its `sentinel monitor`
@@ -80,12 +80,14 @@ impl SentinelSet {
         // No diskless-sync delay (5 s by default): replicas sync at once, also after a
         // failover, when the replica is the master.
         let mut data_args = vec!["--repl-diskless-sync-delay".to_string(), "0".into()];
-        data_args.extend(options.data_args.iter().cloned());
         let tls = !options.tls_args.is_empty();
         if tls {
             data_args.extend(options.tls_args.iter().cloned());
             data_args.extend(["--tls-replication".to_string(), "yes".into()]);
         }
+        // After the TLS args, so that the data nodes' own win (e.g.
+        // `--tls-auth-clients yes` on the data nodes only).
+        data_args.extend(options.data_args.iter().cloned());
         let (primary, primary_tls) = start_data_node(&data_args, tls);
         let monitored = primary_tls.unwrap_or(primary.port());
         let replica_args = [
@@ -231,6 +233,26 @@ impl SentinelSet {
                 }
             },
         )
+    }
+
+    /// Freeze the replica and have the primary drop its replication link,
+    /// then wait until the primary counts no replica: from now on every
+    /// write to the primary is one the replica misses (nothing sits in the
+    /// replica's socket buffer to reach it after a thaw). Undo with
+    /// `replica.thaw()`: the replica then reconnects to whichever primary
+    /// the sentinels name.
+    pub fn cut_replica_off(&self) {
+        self.replica.freeze();
+        self.wait_for("the primary to count no replica", || {
+            self.primary
+                .try_cmd(&["CLIENT", "KILL", "TYPE", "replica"])?;
+            let info = self.primary.try_cmd(&["INFO", "replication"])?;
+            let info = info.as_string().unwrap_or_default();
+            match info_field(&info, "connected_slaves") {
+                Some("0") => Ok(()),
+                other => Err(format!("connected_slaves is {other:?}")),
+            }
+        });
     }
 
     /// Log tails of every process of the set.

@@ -15,11 +15,12 @@ use redis::{RedisError, RedisResult};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-#[cfg(feature = "cluster")]
-use super::super::connection::lock;
 use super::super::connection::timeout_error;
 use super::{Channels, wake};
-use crate::{Error, LockKey, Operation};
+use crate::error::{Error, Operation};
+use crate::key::LockKey;
+#[cfg(feature = "cluster")]
+use crate::sync::lock;
 
 /// Where the pub/sub connection comes from.
 #[derive(Clone)]

@@ -26,9 +26,10 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::connection::lock;
+use crate::error::{Error, Operation};
+use crate::key::LockKey;
 use crate::store::ReleaseWatch;
-use crate::{Error, LockKey, Operation};
+use crate::sync::lock;
 
 mod connection;
 mod task;
@@ -45,6 +46,10 @@ pub(super) struct Notifier {
 pub(super) enum Cmd {
     Subscribe(String, LockKey, oneshot::Sender<Answer>),
     Unsubscribe(String),
+    /// The primary changed (a Sentinel failover): drop the connection,
+    /// wake every waiter and subscribe again where the source now points.
+    #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
+    Reconnect,
 }
 
 /// A waiter's answer: the channel's counter, or `None` when the server has
@@ -67,6 +72,12 @@ impl Notifier {
         let channels: Channels = Arc::default();
         task::spawn(source, timeout, cmds.downgrade(), channels.clone(), cmds_rx);
         Notifier { cmds, channels }
+    }
+
+    /// Has the connection made again (see [`Cmd::Reconnect`]).
+    #[cfg(feature = "sentinel")]
+    pub(super) fn reconnect(&self) {
+        let _ = self.cmds.send(Cmd::Reconnect);
     }
 
     /// How many channels the notifier keeps (subscribed, or wanted), and

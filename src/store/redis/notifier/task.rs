@@ -9,10 +9,11 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::super::connection::lock;
 use super::connection::{Connection, Event, Failure, Feed, PubSubSource, bounded};
 use super::{Answer, Channel, Channels, Cmd, State, Subscription, Unsubscribe, shrink};
-use crate::{Error, LockKey, Operation};
+use crate::error::{Error, Operation};
+use crate::key::LockKey;
+use crate::sync::lock;
 
 /// First wait before subscriptions that could not be renewed are tried
 /// again; doubles up to [`RETRY_MAX`].
@@ -149,6 +150,7 @@ impl Task {
     async fn on_commands(&mut self, batch: Vec<Cmd>) -> Vec<Waiter> {
         let mut waiters = Vec::new();
         let mut left = Vec::new();
+        let mut reconnect = false;
         {
             let mut map = lock(&self.channels);
             for cmd in batch {
@@ -171,8 +173,12 @@ impl Task {
                         });
                     }
                     Cmd::Unsubscribe(channel) => left.push(channel),
+                    Cmd::Reconnect => reconnect = true,
                 }
             }
+        }
+        if reconnect {
+            self.close();
         }
         self.forget(left).await;
         waiters

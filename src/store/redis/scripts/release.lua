@@ -1,11 +1,19 @@
--- KEYS[1] lock, KEYS[2] waited-for mark; ARGV[1] owner, ARGV[2] publish
--- command -> 1 released, 0 not owner
+-- KEYS[1] lock; ARGV[1] owner, ARGV[2] publish command, ARGV[3] waited-for
+-- mark -> 1 released, 0 not owner
 -- Publishes only when a waiter marked the lock (see acquire.lua): an
 -- uncontended release is the owner check and one DEL. The channel is the
 -- lock's name with `released` for `lock` (`…:<id>:lock` → `…:<id>:released`),
--- made here only when someone waits.
+-- made here only when someone waits. The mark is not declared (a Cluster
+-- serves a migrating slot's call where its declared keys are): where the
+-- slot is leaving and the mark has moved already, the lock alone is
+-- deleted and the release announced (a waiter may have marked it).
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  if redis.call('DEL', KEYS[1], KEYS[2]) > 1 then
+  local n = redis.pcall('DEL', KEYS[1], ARGV[3])
+  if type(n) == 'table' then
+    redis.call('DEL', KEYS[1])
+    n = 2
+  end
+  if n > 1 then
     redis.pcall(ARGV[2], string.sub(KEYS[1], 1, -5) .. 'released', '')
   end
   return 1

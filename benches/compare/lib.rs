@@ -1,0 +1,1 @@
+//! Nothing: this package is its benches (see `Cargo.toml`).

@@ -1,0 +1,1217 @@
+//! The Redis store on a real three-primary Redis Cluster.
+
+use crate::support;
+use support::logs::Logs;
+use support::stores::redis_name;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use support::topology::Cluster;
+use support::{RedisServer, eventually};
+use tower_redis_lock::{Acquired, LockKey, Locker, Record, RedisStore};
+
+fn store(cluster: &Cluster) -> RedisStore {
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    RedisStore::cluster(&urls).unwrap()
+}
+
+fn locker(cluster: &Cluster, lease_ms: u64, wait_ms: u64) -> Locker<RedisStore> {
+    Locker::builder(store(cluster))
+        .lease(Duration::from_millis(lease_ms))
+        .wait_timeout(Duration::from_millis(wait_ms))
+        .poll_interval(Duration::from_millis(5))
+        .build()
+        .unwrap()
+}
+
+/// The lowest slot `node` owns (the first a reshard from it moves).
+fn first_slot(cluster: &Cluster, node: usize) -> u16 {
+    let (first, _, _) = cluster
+        .slot_ranges()
+        .into_iter()
+        .filter(|&(_, _, owner)| owner == node)
+        .min()
+        .unwrap();
+    first
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_keys_across_every_node_without_crossslot() {
+    let cluster = Cluster::start(3);
+    let l = locker(&cluster, 10_000, 0);
+    let mut tasks = Vec::new();
+    for t in 0..16 {
+        let l = l.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut last = 0;
+            for i in 0..125 {
+                let key = LockKey::new("cl", format!("k{t}-{i}")).unwrap();
+                let g = l.try_acquire(&key).await.unwrap();
+                last = last.max(g.fencing_token().unwrap().get());
+                assert!(g.release().await.unwrap());
+            }
+            last
+        }));
+    }
+    for t in tasks {
+        assert!(t.await.unwrap() > 0);
+    }
+    // Every node took part, and nothing is left but fencing counters: one
+    // per bucket of the namespace used, never one per id.
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        assert!(node.command_calls("evalsha") > 0, "node {i} saw no lock");
+    }
+    let keys = cluster.keys_total();
+    assert!(keys.iter().all(|k| k.ends_with("}:fence")), "{keys:?}");
+    assert!(keys.len() <= 1_024, "{} counters for 2,000 ids", keys.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_and_waking_work_on_every_slot() {
+    let cluster = Cluster::start(3);
+    let l = locker(&cluster, 10_000, 20_000);
+    let overlaps = Arc::new(AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    // Three keys (spread over slots), four contenders each.
+    for k in 0..3 {
+        let inside = Arc::new(AtomicU32::new(0));
+        for _ in 0..4 {
+            let (l, inside, overlaps) = (l.clone(), inside.clone(), overlaps.clone());
+            let key = LockKey::new("cl", format!("hot-{k}")).unwrap();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..40 {
+                    let g = l.acquire(&key).await.unwrap();
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::task::yield_now().await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    g.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migration_under_load_loses_no_lock() {
+    let cluster = Cluster::start(3);
+    let l = locker(&cluster, 600, 0);
+    // Locks whose slots are among the first ones node 0 owns: a reshard of
+    // 200 slots from node 0 moves them.
+    let first = first_slot(&cluster, 0);
+    let mut ids = Vec::new();
+    let mut i = 0;
+    while ids.len() < 5 {
+        let id = format!("mig-{i}");
+        let slot = cluster.slot_of(&redis_name("cl", &id, "lock"));
+        if (first..first + 200).contains(&slot) {
+            ids.push(id);
+        }
+        i += 1;
+    }
+    let mut guards = Vec::new();
+    for id in &ids {
+        guards.push(l.acquire(&LockKey::new("cl", id).unwrap()).await.unwrap());
+    }
+    cluster.reshard(0, 1, 200);
+    for id in &ids {
+        let slot = cluster.slot_of(&redis_name("cl", id, "lock"));
+        assert_eq!(cluster.node_for_slot(slot), 1, "{id} did not move");
+    }
+    // Hold across at least two renewals of every lock on its new node.
+    let before = cluster.nodes[1].command_calls("evalsha");
+    let want = before + 2 * ids.len() as u64;
+    assert!(support::wait_until(Duration::from_secs(10), || {
+        cluster.nodes[1].command_calls("evalsha") >= want
+    }));
+    for (g, id) in guards.iter().zip(&ids) {
+        assert!(g.is_held(), "{id} lost after the migration");
+        assert!(!g.is_lost());
+        let other = l.try_acquire(&LockKey::new("cl", id).unwrap()).await;
+        assert!(other.unwrap_err().is_contended(), "{id} granted twice");
+    }
+    for g in guards {
+        assert!(g.release().await.unwrap());
+    }
+}
+
+/// Bound on each condition wait below.
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// A locker whose waiters only a release notification wakes within a
+/// test: they wait up to an hour and, as the lease is two, nap at least
+/// half an hour between polls.
+fn notified_locker(cluster: &Cluster) -> Locker<RedisStore> {
+    notified(store(cluster))
+}
+
+fn notified(store: RedisStore) -> Locker<RedisStore> {
+    Locker::builder(store)
+        .lease(Duration::from_secs(7200))
+        .wait_timeout(Duration::from_secs(3600))
+        .poll_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap()
+}
+
+/// What a waiter got, if it got it within [`LIMIT`]; else the release
+/// notification did not reach it.
+async fn granted(waiter: Waiter) -> Acquired {
+    match tokio::time::timeout(LIMIT, waiter).await {
+        Ok(joined) => joined.unwrap().unwrap(),
+        Err(_) => panic!("the waiter was not woken by the release"),
+    }
+}
+
+type Waiter = tokio::task::JoinHandle<Result<Acquired, tower_redis_lock::Error>>;
+
+/// A key `cl:<prefix><n>` whose slot node `node` owns and, if given, lies
+/// in `slots`.
+fn key_on(
+    cluster: &Cluster,
+    node: usize,
+    slots: Option<std::ops::Range<u16>>,
+    prefix: &str,
+) -> LockKey {
+    (0..1_000_000)
+        .map(|n| format!("{prefix}{n}"))
+        .find(|id| {
+            let slot = cluster.slot_of(&redis_name("cl", id, "lock"));
+            slots.as_ref().is_none_or(|r| r.contains(&slot)) && cluster.node_for_slot(slot) == node
+        })
+        .map(|id| LockKey::new("cl", id).unwrap())
+        .expect("no key of the namespace hashes into those slots")
+}
+
+/// Clients subscribed to the shard channel `channel` on `node`.
+fn shard_subscribers(node: &RedisServer, channel: &str) -> i64 {
+    node.cmd(&["PUBSUB", "SHARDNUMSUB", channel])
+        .as_array()
+        .unwrap()[1]
+        .as_int()
+        .unwrap()
+}
+
+/// Starts `waiters` waiting for `k` (held elsewhere) and returns once the
+/// waiter is subscribed on `node` and has tried again after subscribing, so
+/// that from then on only a notification wakes it.
+async fn start_waiting(waiters: &Locker<RedisStore>, k: &LockKey, node: &RedisServer) -> Waiter {
+    let channel = waiters.store().release_channel(k);
+    let tries = node.command_calls("evalsha");
+    let waiter = {
+        let (l, k) = (waiters.clone(), k.clone());
+        tokio::spawn(async move { l.acquire_or_replay(&k).await })
+    };
+    // Its first try, then its try after subscribing.
+    assert!(
+        eventually(LIMIT, async || {
+            shard_subscribers(node, &channel) == 1 && node.command_calls("evalsha") >= tries + 2
+        })
+        .await,
+        "{k}: the waiter did not subscribe on port {}",
+        node.port()
+    );
+    waiter
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_and_finish_wake_waiters_by_sharded_notification_on_every_primary() {
+    let cluster = Cluster::start(3);
+    // Separate stores: a release by the holder cannot wake the waiter
+    // in-process, only through Redis.
+    let holders = locker(&cluster, 120_000, 0);
+    let waiters = notified_locker(&cluster);
+    let mut record = Record::new(http::StatusCode::CREATED);
+    record = record.with_body(bytes::Bytes::from_static(b"done"));
+    for node in 0..cluster.nodes.len() {
+        let owner = &cluster.nodes[node];
+        for finish in [false, true] {
+            let k = key_on(&cluster, node, None, &format!("wake-{finish}-"));
+            let holder = holders.acquire(&k).await.unwrap();
+            let waiter = start_waiting(&waiters, &k, owner).await;
+            if finish {
+                assert!(
+                    holder
+                        .finish(record.encode(), Duration::from_secs(60))
+                        .await
+                        .unwrap()
+                );
+            } else {
+                assert!(holder.release().await.unwrap());
+            }
+            match granted(waiter).await {
+                Acquired::Completed(got) if finish => {
+                    assert_eq!(Record::decode(got), Some(record.clone()))
+                }
+                Acquired::Locked(g) if !finish => assert!(g.release().await.unwrap()),
+                other => panic!("{k} on node {node}, finish {finish}: {other:?}"),
+            }
+            // The subscription went with the last waiter.
+            let channel = waiters.store().release_channel(&k);
+            assert!(
+                eventually(LIMIT, async || shard_subscribers(owner, &channel) == 0).await,
+                "{channel} still subscribed on node {node}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_after_the_slot_of_its_key_moves_to_another_node() {
+    let cluster = Cluster::start(3);
+    let holders = locker(&cluster, 120_000, 0);
+    let waiters = notified_locker(&cluster);
+    // A key among the first slots of node 0, which the reshard moves to 1.
+    let first = first_slot(&cluster, 0);
+    // 200 slots: one namespace's locks use 1,024 hash tags (its fencing
+    // buckets), so a narrow range of slots may hold none of them.
+    let k = key_on(&cluster, 0, Some(first..first + 200), "moving-");
+    let channel = waiters.store().release_channel(&k);
+    let holder = holders.acquire(&k).await.unwrap();
+    let waiter = start_waiting(&waiters, &k, &cluster.nodes[0]).await;
+
+    cluster.reshard(0, 1, 200);
+    let slot = cluster.slot_of(&waiters.store().lock_key(&k));
+    assert_eq!(cluster.node_for_slot(slot), 1, "{k} did not move");
+    // Node 0 dropped the subscription; it is renewed on node 1.
+    assert!(
+        eventually(LIMIT, async || {
+            shard_subscribers(&cluster.nodes[1], &channel) == 1
+                && shard_subscribers(&cluster.nodes[0], &channel) == 0
+        })
+        .await,
+        "{channel} was not subscribed again on the new owner"
+    );
+    assert!(holder.is_held());
+    assert!(holder.release().await.unwrap());
+    match granted(waiter).await {
+        Acquired::Locked(g) => assert!(g.release().await.unwrap()),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        eventually(LIMIT, async || shard_subscribers(
+            &cluster.nodes[1],
+            &channel
+        ) == 0)
+        .await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_pubsub_connection_wakes_its_waiters_and_is_subscribed_again() {
+    let cluster = Cluster::start(3);
+    let holders = locker(&cluster, 120_000, 0);
+    let waiters = notified_locker(&cluster);
+    let node = &cluster.nodes[2];
+    let k = key_on(&cluster, 2, None, "killed-");
+    let channel = waiters.store().release_channel(&k);
+    let holder = holders.acquire(&k).await.unwrap();
+    let waiter = start_waiting(&waiters, &k, node).await;
+
+    let tries = node.command_calls("evalsha");
+    let killed = node.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    assert_eq!(killed.as_int(), Some(1), "{killed:?}");
+    // A release could have been missed: the waiter tries again at once
+    // (the lock is held for 120 s and it polls every 60 s), and its
+    // subscription comes back.
+    assert!(
+        eventually(LIMIT, async || {
+            node.command_calls("evalsha") > tries && shard_subscribers(node, &channel) == 1
+        })
+        .await,
+        "the waiter was not woken, or not subscribed again"
+    );
+    assert!(holder.release().await.unwrap());
+    match granted(waiter).await {
+        Acquired::Locked(g) => assert!(g.release().await.unwrap()),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_one_store_share_a_subscription_that_ends_with_the_last() {
+    let cluster = Cluster::start(3);
+    let holders = locker(&cluster, 120_000, 0);
+    let shared = store(&cluster);
+    // Two lockers (two local queues) on one store: one notifier.
+    let (first, second) = (notified(shared.clone()), notified(shared.clone()));
+    let node = &cluster.nodes[1];
+    let k = key_on(&cluster, 1, None, "shared-");
+    let channel = shared.release_channel(&k);
+    let holder = holders.acquire(&k).await.unwrap();
+    let one = start_waiting(&first, &k, node).await;
+    let two = start_waiting(&second, &k, node).await;
+    assert_eq!(shard_subscribers(node, &channel), 1);
+
+    // The first leaves; the second is still notified.
+    one.abort();
+    assert!(one.await.unwrap_err().is_cancelled());
+    assert!(!first.has_waiters(&k));
+    assert!(holder.release().await.unwrap());
+    let Acquired::Locked(g) = granted(two).await else {
+        panic!("no record was stored");
+    };
+    assert!(
+        eventually(LIMIT, async || shard_subscribers(node, &channel) == 0).await,
+        "{channel} still subscribed after its last waiter left"
+    );
+    assert!(g.release().await.unwrap());
+}
+
+#[tokio::test]
+async fn without_sharded_pubsub_releases_still_work_and_waiters_poll() {
+    // Nodes that know neither SSUBSCRIBE nor SPUBLISH, as before Redis 7.
+    let cluster = Cluster::start_with(
+        3,
+        &[
+            "--rename-command",
+            "SSUBSCRIBE",
+            "",
+            "--rename-command",
+            "SPUBLISH",
+            "",
+        ],
+    );
+    let (logs, _guard) = Logs::capture();
+    let holders = locker(&cluster, 120_000, 0);
+    // Polls every 5 ms.
+    let waiters = locker(&cluster, 120_000, 20_000);
+    let k = key_on(&cluster, 0, None, "polling-");
+    let holder = holders.acquire(&k).await.unwrap();
+    let waiter = {
+        let (l, k) = (waiters.clone(), k.clone());
+        tokio::spawn(async move { l.acquire_or_replay(&k).await })
+    };
+    assert!(
+        eventually(LIMIT, async || logs.text().contains("waiters poll")).await,
+        "no log line about the fallback: {}",
+        logs.text()
+    );
+    assert!(waiters.has_waiters(&k));
+    // The release script's SPUBLISH fails; the release does not.
+    assert!(holder.release().await.unwrap());
+    match granted(waiter).await {
+        Acquired::Locked(g) => assert!(g.release().await.unwrap()),
+        other => panic!("{other:?}"),
+    }
+    // Said once per store, not once per waiter.
+    let k = key_on(&cluster, 1, None, "polling-");
+    let holder = holders.acquire(&k).await.unwrap();
+    let waiter = {
+        let (l, k) = (waiters.clone(), k.clone());
+        tokio::spawn(async move { l.acquire(&k).await })
+    };
+    assert!(eventually(LIMIT, async || waiters.has_waiters(&k)).await);
+    assert!(holder.release().await.unwrap());
+    assert!(waiter.await.unwrap().unwrap().release().await.unwrap());
+    assert_eq!(
+        logs.text().matches("waiters poll").count(),
+        1,
+        "{}",
+        logs.text()
+    );
+}
+
+/// `id` of the first `cl:<prefix><n>` whose lock is in a slot that `node`
+/// owns and that is none of `not`, with that slot.
+fn id_on(cluster: &Cluster, node: usize, not: &[u16], prefix: &str) -> (String, u16) {
+    (0..1_000_000)
+        .map(|n| format!("{prefix}{n}"))
+        .map(|id| {
+            let slot = cluster.slot_of(&redis_name("cl", &id, "lock"));
+            (id, slot)
+        })
+        .find(|(_, slot)| !not.contains(slot) && cluster.node_for_slot(*slot) == node)
+        .expect("no key of the namespace hashes into those slots")
+}
+
+/// A locker on `cluster` with the command timeout and lease given.
+fn timed_locker(
+    cluster: &Cluster,
+    command_timeout: Duration,
+    lease: Duration,
+) -> Locker<RedisStore> {
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let st = RedisStore::cluster_builder(&urls)
+        .command_timeout(command_timeout)
+        .build()
+        .unwrap();
+    Locker::builder(st).lease(lease).build().unwrap()
+}
+
+/// Issue 22 B1: with one primary frozen, a MOVED reply (a slot moved
+/// between two healthy primaries behind the store's back) makes the
+/// cluster client refresh its slot map, which asks every node; the frozen
+/// one never answers. Every node connection has a response timeout, so the
+/// refresh ends, a lock on a healthy node keeps being renewed across
+/// several leases, and grants on healthy slots keep answering within the
+/// command timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_node_and_a_moved_reply_stall_no_healthy_slot() {
+    // Healthy slots stay served while a node is down.
+    let cluster = Cluster::start_with(3, &["--cluster-require-full-coverage", "no"]);
+    let command_timeout = Duration::from_millis(500);
+    let lease = Duration::from_secs(3);
+    let l = timed_locker(&cluster, command_timeout, lease);
+
+    let (held_id, held_slot) = id_on(&cluster, 0, &[], "held");
+    let (moved_id, moved_slot) = id_on(&cluster, 0, &[held_slot], "moved");
+    let (frozen_id, _) = id_on(&cluster, 2, &[], "frozen");
+    let key = |id: &str| LockKey::new("cl", id).unwrap();
+    // The store has a connection to every node, the frozen one included.
+    let held = l.try_acquire(&key(&held_id)).await.unwrap();
+    assert!(
+        l.try_acquire(&key(&frozen_id))
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap()
+    );
+    let ids = cluster.node_ids();
+    let slot = moved_slot.to_string();
+    assert_eq!(
+        cluster.nodes[0]
+            .cmd(&["CLUSTER", "COUNTKEYSINSLOT", &slot])
+            .as_int(),
+        Some(0)
+    );
+
+    cluster.nodes[2].freeze();
+    // Move the (empty) slot from node 0 to node 1 behind the store's back:
+    // its next call there is answered MOVED.
+    for (node, args) in [
+        (1, ["CLUSTER", "SETSLOT", &slot, "IMPORTING", &ids[0]]),
+        (0, ["CLUSTER", "SETSLOT", &slot, "MIGRATING", &ids[1]]),
+        (1, ["CLUSTER", "SETSLOT", &slot, "NODE", &ids[1]]),
+        (0, ["CLUSTER", "SETSLOT", &slot, "NODE", &ids[1]]),
+    ] {
+        let reply = cluster.nodes[node].cmd(&args);
+        assert_eq!(
+            reply.as_string().as_deref(),
+            Some("OK"),
+            "{args:?}: {reply:?}"
+        );
+    }
+    let moved_calls = cluster.nodes[1].command_calls("evalsha");
+    let g = l.try_acquire(&key(&moved_id)).await.unwrap();
+    assert!(cluster.nodes[1].command_calls("evalsha") > moved_calls);
+    assert!(g.release().await.unwrap());
+
+    // For two leases, grants on healthy slots answer (each within the
+    // command timeout: the store bounds every call by it) and the held
+    // lock is renewed.
+    let started = tokio::time::Instant::now();
+    let mut n = 0;
+    while started.elapsed() < lease * 2 {
+        for node in [0, 1] {
+            let (id, _) = id_on(&cluster, node, &[], &format!("healthy{n}-"));
+            let t = tokio::time::Instant::now();
+            let g = l
+                .try_acquire(&key(&id))
+                .await
+                .unwrap_or_else(|e| panic!("grant {n} on node {node}: {e:?}"));
+            assert!(t.elapsed() <= command_timeout + Duration::from_millis(100));
+            assert!(g.release().await.unwrap());
+            n += 1;
+        }
+        assert!(held.is_held(), "the healthy lock was lost after {n} grants");
+    }
+    held.extend().await.unwrap();
+    assert!(held.is_held());
+    cluster.nodes[2].thaw();
+    assert!(held.release().await.unwrap());
+}
+
+/// Issue 22 B2: when a primary freezes and its replica takes over, the
+/// store follows: a frozen primary answers neither an error nor a
+/// redirect, so the store refreshes its view of the cluster when calls
+/// time out on it. Once every healthy node names the new primary, a grant
+/// of a key of that slot succeeds within `FOLLOW_BOUND`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_follows_a_replica_that_takes_over_from_a_frozen_primary() {
+    use support::topology::{Role, role};
+    let cluster = Cluster::start_with_replicas(
+        3,
+        1,
+        &[
+            "--cluster-require-full-coverage",
+            "no",
+            // Replicas sync at once, and one may take over however long
+            // its link has been down.
+            "--repl-diskless-sync-delay",
+            "0",
+            "--cluster-replica-validity-factor",
+            "0",
+        ],
+    );
+    let l = timed_locker(&cluster, Duration::from_millis(500), Duration::from_secs(5));
+    let replicas = cluster.replica_indices();
+    let primary = (0..cluster.nodes.len())
+        .find(|i| !replicas.contains(i))
+        .unwrap();
+    let replica = replicas
+        .iter()
+        .copied()
+        .find(|&r| {
+            matches!(role(&cluster.nodes[r]),
+                Ok(Role::Replica { master_port, .. }) if master_port == cluster.nodes[primary].port())
+        })
+        .expect("a replica of the primary");
+    let (id, slot) = id_on(&cluster, primary, &[], "failover");
+    let k = LockKey::new("cl", &id).unwrap();
+    // The store knows the slot's primary, and its notifications work: a
+    // waiter on the same store is woken by another process's release.
+    assert!(l.try_acquire(&k).await.unwrap().release().await.unwrap());
+    let waiting = Locker::builder(l.store().clone())
+        .wait_timeout(Duration::from_secs(20))
+        .poll_interval(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let before = woken_after_release(&waiting, &cluster, primary, &k).await;
+    assert!(
+        before < Duration::from_secs(1),
+        "woken {before:?} after the release"
+    );
+
+    let linked = || matches!(role(&cluster.nodes[replica]), Ok(Role::Replica { state, .. }) if state == "connected");
+    assert!(support::wait_until(Duration::from_secs(10), linked));
+    cluster.nodes[primary].freeze();
+    // Calls keep coming meanwhile, and time out (the store cannot know
+    // yet); they stop once the promotion is seen.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let caller = {
+        let (l, k, stop) = (l.clone(), k.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(g) = l.try_acquire(&k).await {
+                    let _ = g.release().await;
+                }
+            }
+        })
+    };
+    // Wait for the healthy nodes to name the replica as the slot's owner.
+    let healthy: Vec<usize> = (0..cluster.nodes.len()).filter(|&i| i != primary).collect();
+    let replica_port = cluster.nodes[replica].port();
+    let owner_is_replica = || {
+        healthy
+            .iter()
+            .all(|&i| cluster.owner_port_per(i, slot) == Ok(replica_port))
+    };
+    assert!(
+        support::wait_until(Duration::from_secs(30), owner_is_replica),
+        "the replica never took over\n{}",
+        cluster.diagnostics()
+    );
+    stop.store(true, Ordering::Relaxed);
+    caller.await.unwrap();
+    let promoted = std::time::Instant::now();
+    let mut last = None;
+    let g = support::eventually_some(FOLLOW_BOUND, async || {
+        l.try_acquire(&k).await.map_err(|e| last = Some(e)).ok()
+    })
+    .await
+    .unwrap_or_else(|| panic!("no grant within {FOLLOW_BOUND:?} of the promotion: {last:?}"));
+    assert!(
+        cluster.nodes[replica]
+            .keys()
+            .contains(&redis_name("cl", &id, "lock"))
+    );
+    assert!(promoted.elapsed() < FOLLOW_BOUND);
+    assert!(g.release().await.unwrap());
+
+    // Its release notifications follow too: a waiter of the slot (polling
+    // only once a minute), subscribed before the failover, is woken after
+    // it by a release in another process, not by its poll near the end of
+    // the holder's lease. (The sharded pub/sub connection kept sending the
+    // slot's subscriptions to the frozen process: woken after 4.7 s of an
+    // 8 s lease.)
+    let after = woken_after_release(&waiting, &cluster, replica, &k).await;
+    assert!(
+        after < Duration::from_secs(1),
+        "woken {after:?} after the release: by its poll, not the notification"
+    );
+    cluster.nodes[primary].thaw();
+}
+
+/// How long after another process's release `waiting` gets `k`, which it
+/// waits for (the holder holds an 8 s lease); `owner` is the node of the
+/// key's slot.
+async fn woken_after_release(
+    waiting: &Locker<RedisStore>,
+    cluster: &Cluster,
+    owner: usize,
+    k: &LockKey,
+) -> Duration {
+    let other = timed_locker(cluster, Duration::from_millis(500), Duration::from_secs(8));
+    let held = support::eventually_some(FOLLOW_BOUND, async || other.try_acquire(k).await.ok())
+        .await
+        .expect("another process's grant");
+    let waiter = {
+        let (w, k) = (waiting.clone(), k.clone());
+        tokio::spawn(async move { w.acquire(&k).await })
+    };
+    assert!(eventually(Duration::from_secs(5), async || waiting.has_waiters(k)).await);
+    // The waiter subscribes on the slot's primary, `owner` (without the
+    // fix, it never does after the failover: the wake-up below tells).
+    let channel = redis_name("cl", k.id(), "released");
+    let subscribed = || {
+        let n = cluster.nodes[owner].cmd(&["PUBSUB", "SHARDNUMSUB", &channel]);
+        n.as_array().and_then(|a| a.get(1)).and_then(|v| v.as_int()) == Some(1)
+    };
+    let _ = support::wait_until(Duration::from_secs(5), subscribed);
+    let released = std::time::Instant::now();
+    assert!(held.release().await.unwrap());
+    let got = waiter.await.unwrap().expect("the waiter's grant");
+    let woken = released.elapsed();
+    assert!(got.release().await.unwrap());
+    woken
+}
+
+/// How soon after a promotion the store follows (with a 500 ms command
+/// timeout): a few timed-out calls, then one refresh.
+const FOLLOW_BOUND: Duration = Duration::from_secs(3);
+
+/// `MIGRATE`s `keys` from node `from` to node `to` (no `REPLACE`: a key
+/// the store wrote on `to` meanwhile would be in the way, and the move
+/// would fail as it would for `redis-cli --cluster reshard`).
+fn migrate(cluster: &Cluster, from: usize, to: usize, keys: &[String]) {
+    let port = cluster.nodes[to].port().to_string();
+    let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+    args.extend(keys.iter().map(String::as_str));
+    let reply = cluster.nodes[from].cmd(&args);
+    assert_eq!(
+        reply.as_string().as_deref(),
+        Some("OK"),
+        "{args:?}: {reply:?}"
+    );
+}
+
+/// The keys node `node` has in `slot`.
+fn keys_in_slot(cluster: &Cluster, node: usize, slot: u16) -> Vec<String> {
+    let slot = slot.to_string();
+    let reply = cluster.nodes[node].cmd(&["CLUSTER", "GETKEYSINSLOT", &slot, "1000"]);
+    reply
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_string().unwrap())
+        .collect()
+}
+
+/// `CLUSTER SETSLOT slot <args>` on node `node`.
+fn setslot(cluster: &Cluster, node: usize, slot: u16, args: &[&str]) {
+    let slot = slot.to_string();
+    let mut all = vec!["CLUSTER", "SETSLOT", &slot];
+    all.extend_from_slice(args);
+    let reply = cluster.nodes[node].cmd(&all);
+    assert_eq!(
+        reply.as_string().as_deref(),
+        Some("OK"),
+        "{all:?}: {reply:?}"
+    );
+}
+
+fn token(g: &tower_redis_lock::LockGuard) -> u64 {
+    g.fencing_token().unwrap().get()
+}
+
+/// A slot migrates (`SETSLOT … MIGRATING/IMPORTING`, its keys moved by
+/// `MIGRATE` in two steps, then `SETSLOT … NODE`) while a lock of it is
+/// held and waited for. A free lock of the slot is granted during the move
+/// (within the command timeout, where the slot goes), the held one is
+/// never granted to anyone else, before, during or after, its renewals and
+/// release work, its waiter gets it, and the fencing tokens of the locks
+/// of one bucket (one counter, left on the node the slot leaves until it
+/// is moved) keep rising across the move. No grant writes a name on the
+/// importing node that is still on the other one: every `MIGRATE` (without
+/// `REPLACE`) succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_are_granted_and_stay_exclusive_while_their_slot_migrates() {
+    let cluster = Cluster::start(3);
+    // A grant held back by TRYAGAIN runs into this and fails: the move is
+    // what the test is about, not the machine's load (500 ms once failed a
+    // waiter's try after the move, in CI's Valkey pass on six threads).
+    let command_timeout = Duration::from_secs(2);
+    let holders = timed_locker(&cluster, command_timeout, Duration::from_secs(3));
+    let others = timed_locker(&cluster, command_timeout, Duration::from_secs(3));
+    let held = key_on(&cluster, 0, None, "mig-held-");
+    let fence = redis_name("cl", held.id(), "fence");
+    // Ids of the held lock's bucket: one fencing counter for all.
+    let same_bucket = |prefix: &str| {
+        (0..)
+            .map(|n| format!("{prefix}{n}"))
+            .find(|id| redis_name("cl", id, "fence") == fence)
+            .map(|id| LockKey::new("cl", id).unwrap())
+            .unwrap()
+    };
+    let (free, during, after, quiet, done) = (
+        same_bucket("mig-free-"),
+        same_bucket("mig-during-"),
+        same_bucket("mig-after-"),
+        same_bucket("mig-quiet-"),
+        same_bucket("mig-done-"),
+    );
+    let slot = cluster.slot_of(&fence);
+    let ids = cluster.node_ids();
+    let mut tokens = Vec::new();
+    let g = holders.try_acquire(&free).await.unwrap();
+    tokens.push(token(&g));
+    assert!(g.release().await.unwrap());
+    let h = holders.try_acquire(&held).await.unwrap();
+    tokens.push(token(&h));
+    // Completed: its record stays on node 0 until the keys move.
+    let record = Record::new(http::StatusCode::CREATED).encode();
+    let f = holders.try_acquire(&done).await.unwrap();
+    tokens.push(token(&f));
+    assert!(f.finish(record.clone(), LIMIT * 6).await.unwrap());
+    // Held without a waiter: released during the move, on node 0.
+    let q = holders.try_acquire(&quiet).await.unwrap();
+    tokens.push(token(&q));
+    let waiting = Locker::builder(others.store().clone())
+        .lease(Duration::from_secs(3))
+        .wait_timeout(Duration::from_secs(20))
+        .poll_interval(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let waiter = {
+        let (w, k) = (waiting.clone(), held.clone());
+        tokio::spawn(async move { w.acquire(&k).await })
+    };
+    let waited = redis_name("cl", held.id(), "waited");
+    assert!(eventually(LIMIT, async || cluster.nodes[0].keys().contains(&waited)).await);
+    let contended = async |k: &LockKey| {
+        let got = others.try_acquire(k).await;
+        assert!(got.unwrap_err().is_contended(), "{k} granted twice");
+    };
+
+    setslot(&cluster, 1, slot, &["IMPORTING", &ids[0]]);
+    setslot(&cluster, 0, slot, &["MIGRATING", &ids[1]]);
+    // A free lock is granted during the move, where the slot goes.
+    let t = std::time::Instant::now();
+    let g = others
+        .try_acquire(&free)
+        .await
+        .unwrap_or_else(|e| panic!("no grant in the migrating slot: {e:?}"));
+    assert!(t.elapsed() < command_timeout, "{:?}", t.elapsed());
+    tokens.push(token(&g));
+    assert!(
+        cluster.nodes[1]
+            .keys()
+            .contains(&redis_name("cl", free.id(), "lock"))
+    );
+    contended(&held).await;
+    // A replay finds the record on node 0 (the grant runs on node 1, which
+    // cannot know it): never a second run of completed work.
+    match others.acquire_or_replay(&done).await.unwrap() {
+        Acquired::Completed(got) => assert_eq!(got, record),
+        Acquired::Locked(_) => panic!("{done} granted again while its record is on node 0"),
+    }
+
+    // The counter moves first: the held lock is still on node 0.
+    migrate(&cluster, 0, 1, std::slice::from_ref(&fence));
+    contended(&held).await;
+    contended(&quiet).await;
+    let quiet_lock = redis_name("cl", quiet.id(), "lock");
+    assert!(cluster.nodes[0].keys().contains(&quiet_lock));
+    assert!(q.release().await.unwrap());
+    assert!(!cluster.nodes[0].keys().contains(&quiet_lock));
+    let d = others.try_acquire(&during).await.unwrap();
+    tokens.push(token(&d));
+    assert!(d.release().await.unwrap());
+    assert!(g.release().await.unwrap());
+    // Then the rest: the held lock and its waited-for mark.
+    migrate(&cluster, 0, 1, &keys_in_slot(&cluster, 0, slot));
+    assert!(keys_in_slot(&cluster, 0, slot).is_empty());
+    contended(&held).await;
+    h.extend().await.unwrap();
+    for node in [1, 0, 2] {
+        setslot(&cluster, node, slot, &["NODE", &ids[1]]);
+    }
+    contended(&held).await;
+    let a = others.try_acquire(&after).await.unwrap();
+    tokens.push(token(&a));
+    assert!(a.release().await.unwrap());
+    assert!(h.is_held());
+    assert!(h.release().await.unwrap());
+    let w = tokio::time::timeout(LIMIT, waiter)
+        .await
+        .expect("the waiter did not get the lock")
+        .unwrap()
+        .unwrap();
+    tokens.push(token(&w));
+    assert!(w.release().await.unwrap());
+    assert!(
+        tokens.windows(2).all(|p| p[0] < p[1]),
+        "tokens of one bucket fell: {tokens:?}"
+    );
+}
+
+/// A store made while the first node of its seed list is frozen (it
+/// accepts connections and never answers) reads the slot map from the
+/// others: its first call, a grant on a healthy node's slot, answers
+/// within the command timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_store_whose_first_seed_is_frozen_connects_through_the_others() {
+    let cluster = Cluster::start_with(3, &["--cluster-require-full-coverage", "no"]);
+    let command_timeout = Duration::from_millis(500);
+    let (id, _) = id_on(&cluster, 1, &[], "seed");
+    cluster.nodes[0].freeze();
+    let l = timed_locker(&cluster, command_timeout, Duration::from_secs(5));
+    let t = std::time::Instant::now();
+    let g = l
+        .try_acquire(&LockKey::new("cl", &id).unwrap())
+        .await
+        .unwrap_or_else(|e| panic!("no grant with the first seed frozen: {e:?}"));
+    let took = t.elapsed();
+    assert!(took < command_timeout, "the first grant took {took:?}");
+    assert!(g.release().await.unwrap());
+    cluster.nodes[0].thaw();
+}
+
+/// A cluster of three primaries with a replica each, whose replicas take
+/// over at once (see the follow test above), and a primary with its
+/// replica, linked.
+fn failover_cluster() -> (Cluster, usize, usize) {
+    use support::topology::{Role, role};
+    let cluster = Cluster::start_with_replicas(
+        3,
+        1,
+        &[
+            "--cluster-require-full-coverage",
+            "no",
+            "--repl-diskless-sync-delay",
+            "0",
+            "--cluster-replica-validity-factor",
+            "0",
+        ],
+    );
+    let replicas = cluster.replica_indices();
+    let primary = (0..cluster.nodes.len())
+        .find(|i| !replicas.contains(i))
+        .unwrap();
+    let replica = replicas
+        .iter()
+        .copied()
+        .find(|&r| {
+            matches!(role(&cluster.nodes[r]),
+                Ok(Role::Replica { master_port, .. }) if master_port == cluster.nodes[primary].port())
+        })
+        .expect("a replica of the primary");
+    let linked = || matches!(role(&cluster.nodes[replica]), Ok(Role::Replica { state, .. }) if state == "connected");
+    assert!(support::wait_until(LIMIT, linked));
+    (cluster, primary, replica)
+}
+
+/// Whether every node but `not` names `port` as the owner of `slot`.
+fn owner_named(cluster: &Cluster, not: usize, slot: u16, port: u16) -> bool {
+    (0..cluster.nodes.len())
+        .filter(|&i| i != not)
+        .all(|i| cluster.owner_port_per(i, slot) == Ok(port))
+}
+
+/// An idle store follows a failover: no call is made (so none times out)
+/// while a frozen primary's replica takes over; the store's periodic
+/// refresh reads the slot map afresh within its interval, and its next
+/// call is granted on the new primary within the command timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_store_follows_a_failover_by_its_periodic_refresh() {
+    let (cluster, primary, replica) = failover_cluster();
+    let command_timeout = Duration::from_millis(500);
+    let every = Duration::from_secs(1);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let store = RedisStore::cluster_builder(&urls)
+        .command_timeout(command_timeout)
+        .topology_refresh(every)
+        .build()
+        .unwrap();
+    let l = Locker::builder(store.clone())
+        .lease(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let (id, slot) = id_on(&cluster, primary, &[], "idle");
+    let k = LockKey::new("cl", &id).unwrap();
+    assert!(l.try_acquire(&k).await.unwrap().release().await.unwrap());
+
+    let replicas = cluster.replica_indices();
+    let healthy = (0..cluster.nodes.len())
+        .find(|i| !replicas.contains(i) && *i != primary)
+        .unwrap();
+    let (healthy_id, _) = id_on(&cluster, healthy, &[], "healthy");
+    let healthy_key = LockKey::new("cl", &healthy_id).unwrap();
+
+    cluster.nodes[primary].freeze();
+    // Until the replica takes over, refreshes meet the frozen primary; a
+    // healthy slot's grants never wait for them.
+    let frozen = std::time::Instant::now();
+    let port = cluster.nodes[replica].port();
+    while !owner_named(&cluster, primary, slot, port) {
+        assert!(
+            frozen.elapsed() < Duration::from_secs(30),
+            "no takeover\n{}",
+            cluster.diagnostics()
+        );
+        let t = std::time::Instant::now();
+        let g = l.try_acquire(&healthy_key).await.unwrap();
+        assert!(t.elapsed() < command_timeout, "{:?}", t.elapsed());
+        assert!(g.release().await.unwrap());
+    }
+    let promoted = std::time::Instant::now();
+    let bound = every + command_timeout;
+    assert!(
+        eventually(bound * 2, async || store
+            .slot_map_read_at()
+            .is_some_and(|at| at > promoted))
+        .await,
+        "the store did not read the slot map within {:?} of the promotion",
+        bound * 2
+    );
+    let t = std::time::Instant::now();
+    let g = l
+        .try_acquire(&k)
+        .await
+        .unwrap_or_else(|e| panic!("the first call after the refresh: {e:?}"));
+    assert!(t.elapsed() < command_timeout);
+    assert!(
+        cluster.nodes[replica]
+            .keys()
+            .contains(&redis_name("cl", &id, "lock"))
+    );
+    assert!(g.release().await.unwrap());
+    cluster.nodes[primary].thaw();
+}
+
+/// Holds a lock of a slot of node `from` and queues a waiter for it (in
+/// another store, polling once a minute), while `CLUSTER FAILOVER [FORCE]`
+/// on node `to`, its replica, makes `to` the primary. A third store tries
+/// the lock all along and never gets it; the holder keeps it (renewed
+/// afterwards on `to`), and its release wakes the waiter: returns how long
+/// after the release.
+async fn failover_with_locks(
+    cluster: &Cluster,
+    from: usize,
+    to: usize,
+    force: bool,
+    prefix: &str,
+) -> Duration {
+    let command_timeout = Duration::from_millis(500);
+    let holders = timed_locker(cluster, command_timeout, Duration::from_secs(3));
+    let contenders = timed_locker(cluster, command_timeout, Duration::from_secs(3));
+    let waiting = Locker::builder(
+        timed_locker(cluster, command_timeout, LIMIT)
+            .store()
+            .clone(),
+    )
+    .wait_timeout(LIMIT * 2)
+    .poll_interval(Duration::from_secs(60))
+    .build()
+    .unwrap();
+    let (id, slot) = id_on(cluster, from, &[], prefix);
+    let k = LockKey::new("cl", &id).unwrap();
+    let h = holders.try_acquire(&k).await.unwrap();
+    let waiter = {
+        let (w, k) = (waiting.clone(), k.clone());
+        tokio::spawn(async move { w.acquire(&k).await })
+    };
+    let waited = redis_name("cl", &id, "waited");
+    // The grant and the waiter's mark are on the replica too (`FORCE`
+    // takes over without waiting for the primary: what the replica lacks
+    // is lost, as in a crash).
+    let lock = redis_name("cl", &id, "lock");
+    assert!(
+        eventually(LIMIT, async || {
+            let keys = cluster.nodes[to].keys();
+            keys.contains(&lock) && keys.contains(&waited)
+        })
+        .await
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let contender = {
+        let (c, k, stop) = (contenders.clone(), k.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut tries = 0;
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(g) = c.try_acquire(&k).await {
+                    panic!("{k} granted to a second holder: {:?}", g.fencing_token());
+                }
+                tries += 1;
+                tokio::task::yield_now().await;
+            }
+            tries
+        })
+    };
+    // Every node knows `to` as `from`'s replica (a manual failover asks
+    // `from` and the other primaries; one that does not know yet lets it
+    // time out).
+    let ids = cluster.node_ids();
+    let known = || {
+        cluster.nodes.iter().all(|n| {
+            n.try_cmd(&["CLUSTER", "NODES"]).is_ok_and(|r| {
+                r.as_string().unwrap_or_default().lines().any(|l| {
+                    l.starts_with(&ids[to]) && l.contains("slave") && l.contains(&ids[from])
+                })
+            })
+        })
+    };
+    assert!(support::wait_until(LIMIT, known));
+    let mut args = vec!["CLUSTER", "FAILOVER"];
+    if force {
+        args.push("FORCE");
+    }
+    let reply = cluster.nodes[to].cmd(&args);
+    assert_eq!(reply.as_string().as_deref(), Some("OK"), "{reply:?}");
+    let port = cluster.nodes[to].port();
+    assert!(
+        eventually(Duration::from_secs(20), async || owner_named(
+            cluster,
+            usize::MAX,
+            slot,
+            port
+        ))
+        .await,
+        "{args:?}: node {to} did not take over\n{}",
+        cluster.diagnostics()
+    );
+    h.extend().await.unwrap();
+    assert!(h.is_held());
+    stop.store(true, Ordering::Relaxed);
+    assert!(contender.await.unwrap() > 0);
+    assert!(cluster.nodes[to].keys().contains(&lock));
+    let released = std::time::Instant::now();
+    assert!(h.release().await.unwrap());
+    let got = tokio::time::timeout(LIMIT, waiter)
+        .await
+        .expect("the waiter was not woken")
+        .unwrap()
+        .unwrap();
+    let woken = released.elapsed();
+    assert!(got.release().await.unwrap());
+    woken
+}
+
+/// `CLUSTER FAILOVER` and then `CLUSTER FAILOVER FORCE` (back) while a
+/// lock is held and a waiter queued: the lock is never granted to a second
+/// holder, the holder keeps it, and the waiter is woken within the
+/// holder's lease (3 s) of the release, not by its once-a-minute poll: a
+/// waiter tries again when the lease it learned ends at the latest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_failover_keeps_held_locks_and_wakes_waiters() {
+    let (cluster, primary, replica) = failover_cluster();
+    let graceful = failover_with_locks(&cluster, primary, replica, false, "graceful").await;
+    let forced = failover_with_locks(&cluster, replica, primary, true, "forced").await;
+    for woken in [graceful, forced] {
+        assert!(
+            woken < Duration::from_millis(3500),
+            "woken {woken:?} after the release"
+        );
+    }
+}
+
+/// With one primary frozen, acquires on its slots fail while those on the
+/// others succeed, one after the other: that is one outage to the logs (an
+/// ERROR when it starts, a WARN when the store answers), not an ERROR and
+/// a WARN per pair of requests; `Locker::status` still follows the last
+/// acquire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_outage_is_not_an_error_line_per_request() {
+    let cluster = Cluster::start_with(3, &["--cluster-require-full-coverage", "no"]);
+    let (logs, _guard) = Logs::capture();
+    // 1 s: each frozen try replaces the cluster connection, and the healthy
+    // try after it must not run into the timeout on a loaded machine (300 ms
+    // once did, in CI's six-thread Valkey pass).
+    let l = timed_locker(&cluster, Duration::from_secs(1), Duration::from_secs(30));
+    let key = |id: &str| LockKey::new("cl", id).unwrap();
+    let (frozen_id, _) = id_on(&cluster, 2, &[], "flap-frozen");
+    let (healthy_id, _) = id_on(&cluster, 0, &[], "flap-healthy");
+    // Connections to every node, the frozen one's included.
+    for id in [&frozen_id, &healthy_id] {
+        assert!(
+            l.try_acquire(&key(id))
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap()
+        );
+    }
+
+    cluster.nodes[2].freeze();
+    for round in 0..5 {
+        l.try_acquire(&key(&frozen_id))
+            .await
+            .expect_err("an acquire on the frozen primary answered");
+        assert!(!l.status().store_up, "{round}");
+        // (The first healthy try after a frozen node's timeout has been
+        // seen to run into the command timeout itself, 1 run in 5, while
+        // the cluster connection is replaced: an open defect, noted in
+        // TESTING. What this test counts is the log lines.)
+        let mut g = l.try_acquire(&key(&healthy_id)).await;
+        for _ in 0..3 {
+            if g.is_ok() {
+                break;
+            }
+            g = l.try_acquire(&key(&healthy_id)).await;
+        }
+        let g = g.unwrap();
+        assert!(l.status().store_up, "{round}");
+        assert!(g.release().await.unwrap());
+    }
+    cluster.nodes[2].thaw();
+
+    let started = logs.lines_with("acquires fail until it answers again");
+    let ended = logs.lines_with("lock store answers again");
+    assert_eq!(started.len(), 1, "{}", logs.text());
+    assert_eq!(ended.len(), 1, "{}", logs.text());
+}
+
+/// A request that completes while its slot migrates (its lock on the node
+/// the slot leaves, its record not yet written) keeps its record: the
+/// finish stores it and releases, and a duplicate gets the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_completed_while_its_slot_migrates_keeps_its_record() {
+    let cluster = Cluster::start(3);
+    let l = timed_locker(
+        &cluster,
+        Duration::from_millis(500),
+        Duration::from_secs(30),
+    );
+    let k = key_on(&cluster, 0, None, "mig-finish-");
+    let slot = cluster.slot_of(&redis_name("cl", k.id(), "lock"));
+    let ids = cluster.node_ids();
+    let g = match l.acquire_or_replay(&k).await.unwrap() {
+        Acquired::Locked(g) => g,
+        other => panic!("{other:?}"),
+    };
+    setslot(&cluster, 1, slot, &["IMPORTING", &ids[0]]);
+    setslot(&cluster, 0, slot, &["MIGRATING", &ids[1]]);
+    let record = Record::new(http::StatusCode::CREATED).encode();
+    let finished = g.finish(record, LIMIT * 6).await;
+    assert!(matches!(finished, Ok(true)), "{finished:?}");
+    match l.acquire_or_replay(&k).await.unwrap() {
+        Acquired::Completed(_) => {}
+        other => panic!("the record was lost: {other:?}"),
+    }
+    // The move ends (every `MIGRATE` finds its names free), and the record
+    // is still there.
+    let left = keys_in_slot(&cluster, 0, slot);
+    if !left.is_empty() {
+        migrate(&cluster, 0, 1, &left);
+    }
+    for node in 0..3 {
+        setslot(&cluster, node, slot, &["NODE", &ids[1]]);
+    }
+    match l.acquire_or_replay(&k).await.unwrap() {
+        Acquired::Completed(_) => {}
+        other => panic!("the record was lost after the move: {other:?}"),
+    }
+}

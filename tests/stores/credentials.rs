@@ -1,0 +1,289 @@
+//! Credentials reach every server: a Sentinel set, a Cluster and Redlock
+//! nodes behind `requirepass` and behind an ACL user, every connection
+//! (commands, `WAIT`, release notifications); a wrong password is
+//! [`Error::Auth`], never a generic "unavailable".
+//!
+//! (TLS to the data nodes behind Sentinel is in `tests/tls.rs`.)
+
+use crate::support;
+
+use std::time::Duration;
+
+use support::topology::{Cluster, SentinelOptions, SentinelSet};
+use support::{RedisServer, eventually};
+use tokio::time::timeout;
+use tower_redis_lock::{
+    DataNodes, Error, LockKey, Locker, RedisStore, RedisStoreBuilder, RedlockStore,
+    ReplicaShortfall,
+};
+
+const LIMIT: Duration = Duration::from_secs(10);
+/// The ACL user of these tests, as `redis-server` args.
+const ACL_USER: [&str; 7] = ["--user", "locker", "on", ">lockpw", "~*", "&*", "+@all"];
+
+fn args(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+fn key() -> LockKey {
+    LockKey::new("auth", "job-1").unwrap()
+}
+
+/// `PUBSUB NUMSUB <channel>`'s count on `server`.
+fn numsub(server: &RedisServer, channel: &str) -> i64 {
+    let reply = server.cmd(&["PUBSUB", "NUMSUB", channel]);
+    reply.as_array().unwrap()[1].as_int().unwrap()
+}
+
+/// Grants, shuts out a second owner, and hands the lock to a waiter of
+/// another store, which only a release notification wakes: commands and
+/// the notification connection. `subscribed(channel)` tells whether the
+/// waiter's subscription reached the server.
+async fn locks_and_wakes(
+    holders: RedisStore,
+    waiters: RedisStore,
+    subscribed: impl Fn(&str) -> bool,
+) {
+    let k = key();
+    let channel = waiters.release_channel(&k);
+    let holders = Locker::builder(holders).build().unwrap();
+    let held = timeout(LIMIT, holders.acquire(&k))
+        .await
+        .expect("the grant hung")
+        .unwrap_or_else(|e| panic!("no grant: {e}: {:?}", std::error::Error::source(&e)));
+    assert!(holders.try_acquire(&k).await.unwrap_err().is_contended());
+    let waiters = support::stores::woken_only_by_notification(waiters);
+    let waiter = {
+        let (l, k) = (waiters.clone(), k.clone());
+        tokio::spawn(async move { l.acquire(&k).await.map(|g| g.fencing_token().unwrap()) })
+    };
+    assert!(
+        eventually(LIMIT, async || waiters.has_waiters(&k)
+            && subscribed(&channel))
+        .await,
+        "the waiter did not subscribe"
+    );
+    let first = held.fencing_token().unwrap();
+    assert!(held.release().await.unwrap());
+    let second = timeout(LIMIT, waiter)
+        .await
+        .expect("the waiter was not woken")
+        .unwrap()
+        .unwrap();
+    assert!(second > first, "{second} after {first}");
+}
+
+/// An acquire that must fail: its error, within the limit.
+async fn acquire_error(store: RedisStore) -> Error {
+    let l = Locker::builder(store).build().unwrap();
+    timeout(LIMIT, l.try_acquire(&key()))
+        .await
+        .expect("the acquire hung")
+        .expect_err("a grant with the wrong credentials")
+}
+
+/// `err` is `Error::Auth`, its cause the server's refusal of the password.
+fn assert_auth(err: &Error) {
+    let cause = format!("{:?}", std::error::Error::source(err));
+    assert!(matches!(err, Error::Auth { .. }), "{err:?}");
+    assert!(cause.contains("AuthenticationFailed"), "{cause}");
+}
+
+// --- Sentinel ---
+
+/// Data nodes behind `requirepass pw`, sentinels with `args`/`conf`.
+fn sentinel_set(data: &[&str], sentinel_args: &[&str], sentinel_conf: &str) -> SentinelSet {
+    let mut data_args = args(&["--requirepass", "pw", "--masterauth", "pw"]);
+    data_args.extend(args(data));
+    SentinelSet::start_with(&SentinelOptions {
+        data_args,
+        sentinel_conf: format!("sentinel auth-pass mymaster pw\n{sentinel_conf}"),
+        sentinel_args: args(sentinel_args),
+        tls_args: Vec::new(),
+    })
+}
+
+/// The sentinels' URLs with `userinfo` (`:pw`, `user:pw`).
+fn sentinel_builder(set: &SentinelSet, userinfo: &str) -> RedisStoreBuilder {
+    let urls: Vec<String> = set
+        .sentinels
+        .iter()
+        .map(|s| format!("redis://{userinfo}@127.0.0.1:{}/", s.port()))
+        .collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    RedisStore::sentinel_builder(&urls, &set.master_name)
+}
+
+/// Sentinel and data nodes behind the same `requirepass`, given in the
+/// Sentinel URLs only (before, every acquire failed with NOAUTH).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_data_nodes_take_the_password_of_the_sentinel_urls() {
+    let set = sentinel_set(&[], &["--requirepass", "pw"], "sentinel sentinel-pass pw");
+    // With `WAIT`: its connections authenticate too.
+    let holders = sentinel_builder(&set, ":pw")
+        .wait_replicas(1, Duration::from_millis(500), ReplicaShortfall::Fail)
+        .build()
+        .unwrap();
+    let waiters = sentinel_builder(&set, ":pw").build().unwrap();
+    locks_and_wakes(holders, waiters, |ch| numsub(&set.primary, ch) > 0).await;
+}
+
+/// An ACL user on the Sentinels and the data nodes, given in the Sentinel
+/// URLs only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_data_nodes_take_the_acl_user_of_the_sentinel_urls() {
+    let set = sentinel_set(
+        &ACL_USER,
+        &["--requirepass", "spw"],
+        "user locker on >lockpw ~* &* +@all\nsentinel sentinel-pass spw",
+    );
+    let holders = sentinel_builder(&set, "locker:lockpw")
+        .wait_replicas(1, Duration::from_millis(500), ReplicaShortfall::Fail)
+        .build()
+        .unwrap();
+    let waiters = sentinel_builder(&set, "locker:lockpw").build().unwrap();
+    locks_and_wakes(holders, waiters, |ch| numsub(&set.primary, ch) > 0).await;
+}
+
+/// Sentinels and data nodes with credentials of their own: the Sentinels'
+/// `requirepass` in their URLs, the data nodes' ACL user in `DataNodes`.
+/// A wrong data-node password is `Error::Auth`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_data_nodes_have_credentials_of_their_own() {
+    let set = sentinel_set(
+        &ACL_USER,
+        &["--requirepass", "spw"],
+        "sentinel sentinel-pass spw",
+    );
+    let nodes = DataNodes::new().with_auth(Some("locker"), "lockpw");
+    let holders = sentinel_builder(&set, ":spw")
+        .data_nodes(nodes.clone())
+        .wait_replicas(1, Duration::from_millis(500), ReplicaShortfall::Fail)
+        .build()
+        .unwrap();
+    let waiters = sentinel_builder(&set, ":spw")
+        .data_nodes(nodes)
+        .build()
+        .unwrap();
+    locks_and_wakes(holders, waiters, |ch| numsub(&set.primary, ch) > 0).await;
+
+    let wrong = sentinel_builder(&set, ":spw")
+        .data_nodes(DataNodes::new().with_auth(Some("locker"), "wrong"))
+        .build()
+        .unwrap();
+    assert_auth(&acquire_error(wrong).await);
+    // The Sentinels' password alone does not open the data nodes.
+    let sentinel_password_only = sentinel_builder(&set, ":spw").build().unwrap();
+    assert_auth(&acquire_error(sentinel_password_only).await);
+}
+
+#[test]
+fn data_node_settings_are_for_sentinel_stores_only() {
+    let err = RedisStore::builder("redis://127.0.0.1:6379/")
+        .data_nodes(DataNodes::new())
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting(), "data_nodes");
+    let err = RedisStore::sentinel_builder(&["redis://127.0.0.1:26379/"], "m")
+        .data_nodes(DataNodes::new().with_database(-1))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting(), "data_nodes");
+    let err = RedisStore::sentinel_builder(
+        &["redis://:a@127.0.0.1:26379/", "redis://:b@127.0.0.1:26380/"],
+        "m",
+    )
+    .build()
+    .unwrap_err();
+    assert_eq!(err.setting(), "sentinel_urls");
+}
+
+// --- Cluster ---
+
+fn cluster_store(cluster: &Cluster, userinfo: &str) -> RedisStore {
+    let urls: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("redis://{userinfo}@127.0.0.1:{}/", n.port()))
+        .collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    RedisStore::cluster(&urls).unwrap()
+}
+
+/// Clients subscribed to the shard channel `channel` on its node.
+fn shard_subscribed(cluster: &Cluster, channel: &str) -> bool {
+    let node = &cluster.nodes[cluster.node_for_slot(cluster.slot_of(channel))];
+    let reply = node.cmd(&["PUBSUB", "SHARDNUMSUB", channel]);
+    reply.as_array().unwrap()[1].as_int().unwrap() > 0
+}
+
+async fn cluster_locks_and_refuses(extra: &[&str], userinfo: &str) {
+    let cluster = Cluster::start_with(3, extra);
+    locks_and_wakes(
+        cluster_store(&cluster, userinfo),
+        cluster_store(&cluster, userinfo),
+        |ch| shard_subscribed(&cluster, ch),
+    )
+    .await;
+    let wrong = cluster_store(&cluster, &userinfo.replace("pw", "wrong"));
+    assert_auth(&acquire_error(wrong).await);
+}
+
+/// Every node behind `requirepass`: the nodes learnt from `CLUSTER SLOTS`
+/// get the seed URLs' password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_nodes_take_the_password_of_the_seed_urls() {
+    cluster_locks_and_refuses(&["--requirepass", "pw"], ":pw").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_nodes_take_the_acl_user_of_the_seed_urls() {
+    let extra = [&["--requirepass", "pw"][..], &ACL_USER].concat();
+    cluster_locks_and_refuses(&extra, "locker:lockpw").await;
+}
+
+// --- Redlock ---
+
+fn redlock(servers: &[RedisServer], userinfo: &str) -> RedlockStore {
+    let nodes = servers
+        .iter()
+        .map(|s| {
+            RedisStore::builder(&format!("redis://{userinfo}@127.0.0.1:{}/", s.port()))
+                .command_timeout(Duration::from_secs(1))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    RedlockStore::new(nodes).unwrap()
+}
+
+async fn redlock_locks_and_refuses(extra: &[&str], userinfo: &str) {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(extra)).collect();
+    let k = key();
+    let l = Locker::builder(redlock(&servers, userinfo))
+        .build()
+        .unwrap();
+    let held = timeout(LIMIT, l.acquire(&k)).await.unwrap().unwrap();
+    assert!(l.try_acquire(&k).await.unwrap_err().is_contended());
+    assert!(held.release().await.unwrap());
+
+    let wrong = Locker::builder(redlock(&servers, &userinfo.replace("pw", "wrong")))
+        .build()
+        .unwrap();
+    let err = timeout(LIMIT, wrong.try_acquire(&k))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_auth(&err);
+}
+
+#[tokio::test]
+async fn redlock_nodes_take_the_password_of_their_urls() {
+    redlock_locks_and_refuses(&["--requirepass", "pw"], ":pw").await;
+}
+
+#[tokio::test]
+async fn redlock_nodes_take_the_acl_user_of_their_urls() {
+    let extra = [&["--requirepass", "pw"][..], &ACL_USER].concat();
+    redlock_locks_and_refuses(&extra, "locker:lockpw").await;
+}

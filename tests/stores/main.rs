@@ -1,0 +1,18 @@
+//! The stores on real servers: the behaviour suite run against every
+//! store, and what each topology (one primary, Sentinel, Cluster) adds.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod cluster;
+mod conformance;
+mod credentials;
+mod eviction;
+mod network_faults;
+mod noscript;
+mod pubsub_leak;
+mod release_notice;
+mod replicas;
+mod sentinel;
+mod store_config;
+mod unfenced;

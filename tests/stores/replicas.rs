@@ -1,0 +1,152 @@
+//! Grants confirmed by replicas (`WAIT`) or by append-only files
+//! (`WAITAOF`) on a primary with a replica, both real processes; `WAITAOF`
+//! against Valkey (Redis 7.0 has no such command). Sentinel's are in
+//! `tests/sentinel.rs`; a cluster store refuses both settings
+//! (`tests/store_config.rs`).
+
+use crate::support;
+
+use std::time::Duration;
+
+use support::RedisServer;
+use support::stores::redis_name;
+use tower_redis_lock::{Error, LockKey, Locker, RedisStore, ReplicaShortfall};
+
+fn key(id: &str) -> LockKey {
+    LockKey::new("replicas", id).unwrap()
+}
+
+/// A primary started by `start(extra)` and one replica of it, linked.
+fn primary_and_replica(
+    start: impl Fn(&[&str]) -> RedisServer,
+    extra: &[&str],
+) -> (RedisServer, RedisServer) {
+    let primary = start(extra);
+    let port = primary.port().to_string();
+    let replica = start(&[extra, &["--replicaof", "127.0.0.1", &port]].concat());
+    assert!(
+        support::wait_until(Duration::from_secs(10), || {
+            let info = replica.cmd(&["INFO", "replication"]);
+            info.as_string()
+                .unwrap_or_default()
+                .contains("master_link_status:up")
+        }),
+        "the replica never linked"
+    );
+    (primary, replica)
+}
+
+fn locker(
+    primary: &RedisServer,
+    with: impl FnOnce(tower_redis_lock::RedisStoreBuilder) -> tower_redis_lock::RedisStoreBuilder,
+) -> Locker<RedisStore> {
+    let b = RedisStore::builder(&primary.url()).command_timeout(Duration::from_secs(1));
+    Locker::new(with(b).build().unwrap())
+}
+
+/// `l`'s grant of `id` refused as unconfirmed (`Unavailable` naming
+/// `what`), and taken back from `primary`.
+async fn refused(l: &Locker<RedisStore>, primary: &RedisServer, id: &str, what: &str) {
+    match l.try_acquire(&key(id)).await {
+        Err(Error::Unavailable { source, .. }) => {
+            assert!(source.to_string().contains(what), "{source}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let name = redis_name("replicas", id, "lock");
+    assert!(!primary.keys().contains(&name), "{:?}", primary.keys());
+}
+
+/// One primary with a replica (no Sentinel): `WAIT` confirms a grant the
+/// replica has, and refuses (and takes back) one it does not get.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_with_a_replica_confirms_grants_and_refuses_unconfirmed_ones() {
+    let (primary, replica) = primary_and_replica(RedisServer::start_with, &[]);
+    let l = locker(&primary, |b| {
+        b.wait_replicas(1, Duration::from_millis(100), ReplicaShortfall::Fail)
+    });
+    let g = l.try_acquire(&key("confirmed")).await.unwrap();
+    assert!(
+        replica
+            .keys()
+            .contains(&redis_name("replicas", "confirmed", "lock"))
+    );
+    assert_eq!(primary.command_calls("wait"), 1);
+    drop(g);
+    replica.freeze();
+    refused(&l, &primary, "unconfirmed", "replicas acknowledged").await;
+    replica.thaw();
+}
+
+/// `WAITAOF` on Valkey: a grant is confirmed once it is in the primary's
+/// append-only file and the replica's; with the replica frozen it is
+/// refused and taken back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waitaof_confirms_a_grant_on_disk_and_refuses_one_the_replica_did_not_write() {
+    // `appendfsync always`: with `everysec` a file is synced (and the
+    // grant confirmed) up to a second later, past this test's timeout.
+    let (primary, replica) = primary_and_replica(
+        RedisServer::start_valkey,
+        &["--appendonly", "yes", "--appendfsync", "always"],
+    );
+    let l = locker(&primary, |b| {
+        b.wait_aof(true, 1, Duration::from_millis(500), ReplicaShortfall::Fail)
+    });
+    let g = l.try_acquire(&key("on-disk")).await.unwrap();
+    assert_eq!(primary.command_calls("waitaof"), 1);
+    assert!(
+        replica
+            .keys()
+            .contains(&redis_name("replicas", "on-disk", "lock"))
+    );
+    drop(g);
+    replica.freeze();
+    refused(&l, &primary, "aof", "the AOF of 0 of 1 replicas").await;
+    replica.thaw();
+}
+
+/// `WAITAOF` for the primary's own file where `appendonly` is off: the
+/// first grant is a configuration error (and taken back), not a grant
+/// confirmed by nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waitaof_without_appendonly_is_a_config_error() {
+    let primary = RedisServer::start_valkey(&[]);
+    let l = locker(&primary, |b| {
+        b.wait_aof(true, 0, Duration::from_millis(300), ReplicaShortfall::Fail)
+    });
+    match l.try_acquire(&key("no-aof")).await {
+        Err(Error::Config(e)) => assert_eq!(e.setting(), "wait_aof", "{e}"),
+        other => panic!("{other:?}"),
+    }
+    let lock = redis_name("replicas", "no-aof", "lock");
+    assert!(!primary.keys().contains(&lock), "{:?}", primary.keys());
+}
+
+/// `WAITAOF` on a server without it (Redis before 7.2, as `redis-server`
+/// here is): the first grant is a configuration error naming the command,
+/// and taken back. On a server that has it, the grant is confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waitaof_on_a_server_without_it_is_a_config_error() {
+    let primary = RedisServer::start_with(&["--appendonly", "yes"]);
+    let has_waitaof = primary
+        .cmd(&["COMMAND", "INFO", "WAITAOF"])
+        .as_array()
+        .is_some_and(|a| a.first().is_some_and(|c| c.as_array().is_some()));
+    let l = locker(&primary, |b| {
+        b.wait_aof(true, 0, Duration::from_millis(300), ReplicaShortfall::Fail)
+    });
+    let got = l.try_acquire(&key("old-server")).await;
+    if has_waitaof {
+        assert!(got.is_ok(), "{got:?}");
+        return;
+    }
+    match got {
+        Err(Error::Config(e)) => {
+            assert_eq!(e.setting(), "wait_aof");
+            assert!(e.to_string().contains("no WAITAOF"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let lock = redis_name("replicas", "old-server", "lock");
+    assert!(!primary.keys().contains(&lock), "{:?}", primary.keys());
+}
