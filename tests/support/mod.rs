@@ -43,7 +43,10 @@ mod wait;
 #[allow(unused_imports)]
 pub use self::{
     info::parse_command_stats,
-    process::{harness_name, kill_and_reap, process_state, send_signal, spawn_dying_with_test},
+    process::{
+        harness_name, in_own_process, kill_and_reap, process_state, send_signal,
+        spawn_dying_with_test,
+    },
     resp::Reply,
     server::{RedisServer, free_port},
     wait::{eventually, eventually_some, wait_until, wait_until_every},

@@ -148,3 +148,35 @@ pub fn harness_name(module: &str, test: &str) -> String {
         None => test.to_owned(),
     }
 }
+
+/// Runs the calling test, `test` of the module `module` (pass
+/// `module_path!()`), again in a process of its own, and answers `true`
+/// inside that process (go on with the test there) and `false` in the
+/// parent, once the child passed (the parent's test is then done).
+///
+/// For tests that count log lines: a scoped `tracing` subscriber misses
+/// events while other tests of the binary hit the same callsites on other
+/// threads (callsite interest is cached process-wide), and a log line
+/// common to many tests cannot be told apart in the global capture.
+/// Blocking; call it from a test's first line (inside `block_in_place` in
+/// a multi-thread runtime).
+pub fn in_own_process(module: &str, test: &str) -> bool {
+    const CHILD: &str = "TOWER_REDIS_LOCK_TEST_ALONE";
+    if std::env::var(CHILD).as_deref() == Ok(test) {
+        return true;
+    }
+    let name = harness_name(module, test);
+    let out = Command::new(std::env::current_exe().expect("the test binary"))
+        .args([name.as_str(), "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, test)
+        .output()
+        .expect("the test binary runs again");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{name} in a process of its own failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    false
+}

@@ -10,7 +10,7 @@ use super::connection::{Conn, Source};
 use super::notifier::PubSubSource;
 use super::settings::Pending;
 use super::{RedisStore, RedisStoreBuilder};
-use crate::error::ConfigError;
+use crate::error::{Chain, ConfigError, Error, Operation};
 use crate::sync::lock;
 
 impl RedisStore {
@@ -127,20 +127,45 @@ impl RedisStore {
         });
     }
 
+    /// Reads the slot map afresh in the background after a command timed
+    /// out (see [`RedisStore::bounded`]); one such read at a time.
+    pub(super) fn reread_slot_map(&self) {
+        if self.inner.rereading.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let store = self.clone();
+        tokio::spawn(async move {
+            store.refresh_slot_map().await;
+            store.inner.rereading.store(false, Ordering::Release);
+        });
+    }
+
     /// Opens a new cluster connection (which reads the slot map from the
-    /// seed nodes), within the command timeout, and puts it in place of
-    /// the current one; calls meanwhile go on over the current one. On a
-    /// failure the current one stays (and the next tick tries again).
+    /// seed nodes) and checks its primaries' eviction policy, within the
+    /// command timeout, and puts it in place of the current one; calls
+    /// meanwhile go on over the current one. On a failure the current one
+    /// stays (and the next tick, or the next timeout, tries again).
     async fn refresh_slot_map(&self) {
         let Source::Cluster(client) = &self.inner.source else {
             return;
         };
-        match tokio::time::timeout(self.inner.timeout, client.get_async_connection()).await {
+        let open = async {
+            let mut conn = Conn::Cluster(Box::new(
+                client
+                    .get_async_connection()
+                    .await
+                    .map_err(|e| Error::from_redis(Operation::Connect, None, e))?,
+            ));
+            self.check_eviction(&mut conn, Operation::Connect, None)
+                .await?;
+            Ok::<_, Error>(conn)
+        };
+        match tokio::time::timeout(self.inner.timeout, open).await {
             Ok(Ok(conn)) => {
-                *lock(&self.inner.conn) = Some(Conn::Cluster(Box::new(conn)));
+                *lock(&self.inner.conn) = Some(conn);
                 *lock(&self.inner.conn_opened) = Some(std::time::Instant::now());
             }
-            Ok(Err(e)) => tracing::debug!(error = %e, "slot map refresh failed"),
+            Ok(Err(e)) => tracing::debug!(error = %Chain(&e), "slot map refresh failed"),
             Err(_) => tracing::debug!("slot map refresh timed out"),
         }
     }

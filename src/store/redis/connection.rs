@@ -287,19 +287,30 @@ impl RedisStore {
                 if let Source::Sentinel(_) = self.inner.source {
                     self.forget_connections();
                 }
-                // Elsewhere the next call opens a new connection, at most
-                // once per command timeout (so that a server that stays
-                // frozen does not have every call wait for a reconnect).
-                // One primary: the connection may be half-open (its peer
-                // gone without a word, a NAT or firewall that dropped it),
-                // and it would answer nothing until TCP gives up on it,
-                // many minutes later. A cluster: a silent primary may have
-                // been replaced by its replica, and the client would never
-                // learn it (it refreshes its slot map only on an error or a
-                // redirect, and a frozen node gives neither); a new cluster
-                // connection reads the slot map afresh.
+                // Elsewhere, at most once per command timeout (so that a
+                // server that stays frozen does not have every call wait
+                // for a reconnect):
+                // - One primary: the next call opens a new connection. The
+                //   connection may be half-open (its peer gone without a
+                //   word, a NAT or firewall that dropped it), and it would
+                //   answer nothing until TCP gives up on it, many minutes
+                //   later.
+                // - A cluster: the slot map is read afresh in the
+                //   background. A silent primary may have been replaced by
+                //   its replica, and the client would never learn it (it
+                //   reads the slot map only on an error or a redirect, and
+                //   a frozen node gives neither). The current connection
+                //   goes on serving every other slot meanwhile: opening a
+                //   new one waits on the frozen node (its seed query, its
+                //   connection, its `CONFIG GET`), and a call made to wait
+                //   for that would pay for another key's trouble.
                 let opened = *lock(&self.inner.conn_opened);
                 if opened.is_some_and(|at| at.elapsed() >= self.inner.timeout) {
+                    #[cfg(feature = "cluster")]
+                    if self.inner.source.is_cluster() {
+                        self.reread_slot_map();
+                        return Err(timeout_error(op, key, bound));
+                    }
                     self.forget_connections();
                 }
                 Err(timeout_error(op, key, bound))

@@ -121,6 +121,10 @@ struct Inner {
     /// Whether the slot-map refresh task was started.
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     refreshing: std::sync::atomic::AtomicBool,
+    /// Whether a slot-map read started by a command timeout is under way
+    /// (at most one at a time).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    rereading: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for RedisStore {

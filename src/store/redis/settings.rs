@@ -144,6 +144,7 @@ impl RedisStore {
                 eviction_reported: Mutex::default(),
                 topology_refresh: s.topology_refresh.unwrap_or(DEFAULT_TOPOLOGY_REFRESH),
                 refreshing: std::sync::atomic::AtomicBool::new(false),
+                rereading: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
