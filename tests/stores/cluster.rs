@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use support::topology::Cluster;
 use support::{RedisServer, eventually};
-use tower_redis_lock::{Acquired, LockKey, Locker, Record, RedisStore};
+use tower_redis_lock::{Acquired, Error, LockKey, Locker, Record, RedisStore, ReplicaShortfall};
 
 fn store(cluster: &Cluster) -> RedisStore {
     let urls = cluster.urls();
@@ -1245,4 +1245,219 @@ async fn a_request_completed_while_its_slot_migrates_keeps_its_record() {
         Acquired::Completed(_) => {}
         other => panic!("the record was lost after the move: {other:?}"),
     }
+}
+
+/// A store on `cluster` that waits, after each grant, for one replica of
+/// the lock's primary within `wait`.
+fn waiting_store(cluster: &Cluster, wait: Duration, on: ReplicaShortfall) -> RedisStore {
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    RedisStore::cluster_builder(&urls)
+        .command_timeout(wait + Duration::from_secs(2))
+        .wait_replicas(1, wait, on)
+        .build()
+        .unwrap()
+}
+
+/// `wait_replicas` on a Cluster: the `WAIT` goes to the primary of the
+/// lock's slot, over the connection that wrote the grant. A grant its
+/// replica did not get is refused and taken back; one it did get is on
+/// the replica when the acquire answers. (A `WAIT` sent to any other node
+/// would count writes that connection never made, and pass at once.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_a_grant_is_confirmed_by_its_own_primarys_replica() {
+    let (cluster, primary, replica) = failover_cluster();
+    let l = Locker::new(waiting_store(
+        &cluster,
+        Duration::from_millis(300),
+        ReplicaShortfall::Fail,
+    ));
+    let (id, _) = id_on(&cluster, primary, &[], "wait-");
+    let k = LockKey::new("cl", &id).unwrap();
+    let lock = redis_name("cl", &id, "lock");
+
+    cluster.nodes[replica].freeze();
+    let refused = l.try_acquire(&k).await;
+    cluster.nodes[replica].thaw();
+    match refused {
+        Err(Error::Unavailable { source, .. }) => {
+            assert!(
+                source.to_string().contains("replicas acknowledged"),
+                "{source}"
+            );
+        }
+        other => panic!("a grant its replica did not get: {other:?}"),
+    }
+    assert!(
+        !cluster.nodes[primary].keys().contains(&lock),
+        "the refused grant was not taken back"
+    );
+
+    // Linked again: a grant is on the replica as soon as it is answered.
+    let linked = || {
+        matches!(support::topology::role(&cluster.nodes[replica]),
+            Ok(support::topology::Role::Replica { state, .. }) if state == "connected")
+    };
+    assert!(support::wait_until(LIMIT, linked));
+    let g = eventually_ok(|| l.try_acquire(&k)).await;
+    assert!(
+        cluster.nodes[replica].keys().contains(&lock),
+        "a confirmed grant is not on the replica"
+    );
+    assert!(g.release().await.unwrap());
+}
+
+/// A grant's `WAIT` blocks only the cluster connection of its own: while
+/// it waits for a frozen replica, a lock of the same primary is renewed,
+/// released and granted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_a_grant_waiting_for_replicas_holds_up_no_other_command() {
+    let (cluster, primary, replica) = failover_cluster();
+    let l = Locker::new(waiting_store(
+        &cluster,
+        Duration::from_secs(8),
+        ReplicaShortfall::Proceed,
+    ));
+    let key = |id: &str| LockKey::new("cl", id).unwrap();
+    let (held_id, _) = id_on(&cluster, primary, &[], "held-");
+    let (waiting_id, _) = id_on(&cluster, primary, &[], "waiting-");
+    let held = l.try_acquire(&key(&held_id)).await.unwrap();
+    // The shared connection (grants go over connections of their own).
+    held.extend().await.unwrap();
+
+    cluster.nodes[replica].freeze();
+    let waiting = {
+        let (l, k) = (l.clone(), key(&waiting_id));
+        tokio::spawn(async move { l.try_acquire(&k).await })
+    };
+    let blocked = || {
+        cluster.nodes[primary]
+            .cmd(&["INFO", "clients"])
+            .as_string()
+            .unwrap()
+            .lines()
+            .any(|l| l.trim() == "blocked_clients:1")
+    };
+    assert!(support::wait_until(LIMIT, blocked));
+    // Renewal and release on the store's shared connection, and a grant of
+    // another store (this one's would wait for the frozen replica too).
+    held.extend().await.unwrap();
+    assert!(held.release().await.unwrap());
+    let other = timed_locker(&cluster, Duration::from_secs(2), Duration::from_secs(30));
+    drop(other.try_acquire(&key(&held_id)).await.unwrap());
+    assert!(
+        !waiting.is_finished(),
+        "the WAIT ended before the other commands answered"
+    );
+    assert!(blocked());
+    waiting.abort();
+    cluster.nodes[replica].thaw();
+}
+
+/// Tries `f` until it answers `Ok` (a replica relinking may refuse a
+/// grant or two meanwhile), within [`LIMIT`].
+async fn eventually_ok<T, E: std::fmt::Debug, F: std::future::Future<Output = Result<T, E>>>(
+    f: impl Fn() -> F,
+) -> T {
+    let until = std::time::Instant::now() + LIMIT;
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) if std::time::Instant::now() > until => panic!("{e:?}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// `wait_replicas` across a failover on a Cluster: grants keep coming on
+/// one primary's slots while its replica is cut off (frozen, its link
+/// killed: every later write is one it misses), then the primary is
+/// frozen and the replica takes over (`CLUSTER FAILOVER TAKEOVER`). Every
+/// grant the store answered is on the new primary, and another store gets
+/// none of them: no second holder. (Without the wait, the grants made
+/// while the replica was cut off are answered and lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_a_takeover_in_the_middle_of_grants_gives_no_second_holder() {
+    let (cluster, primary, replica) = failover_cluster();
+    let store = waiting_store(&cluster, Duration::from_millis(300), ReplicaShortfall::Fail);
+    let l = Locker::builder(store)
+        .lease(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let (_, slot) = id_on(&cluster, primary, &[], "takeover-");
+    let ids: Vec<String> = (0..100_000)
+        .map(|n| format!("takeover-{n}"))
+        .filter(|id| cluster.slot_of(&redis_name("cl", id, "lock")) == slot)
+        .take(400)
+        .collect();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (tries, grants) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let granter = {
+        let (l, ids, stop) = (l.clone(), ids.clone(), stop.clone());
+        let (tries, grants) = (tries.clone(), grants.clone());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            for id in ids {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                if let Ok(g) = l.try_acquire(&LockKey::new("cl", &id).unwrap()).await {
+                    held.push((id, g));
+                    grants.fetch_add(1, Ordering::Relaxed);
+                }
+                tries.fetch_add(1, Ordering::Relaxed);
+            }
+            held
+        })
+    };
+    assert!(support::wait_until(LIMIT, || grants
+        .load(Ordering::Relaxed)
+        >= 10));
+    // The replica cut off: frozen, and the primary's link to it killed.
+    cluster.nodes[replica].freeze();
+    let unlinked = || {
+        let _ = cluster.nodes[primary].try_cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
+        cluster.nodes[primary]
+            .cmd(&["INFO", "replication"])
+            .as_string()
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.trim() == "connected_slaves:0")
+    };
+    assert!(support::wait_until(LIMIT, unlinked));
+    let cut_at = tries.load(Ordering::Relaxed);
+    assert!(support::wait_until(LIMIT, || tries.load(Ordering::Relaxed) >= cut_at + 3));
+    cluster.nodes[primary].freeze();
+    cluster.nodes[replica].thaw();
+    let reply = cluster.nodes[replica].cmd(&["CLUSTER", "FAILOVER", "TAKEOVER"]);
+    assert_eq!(reply.as_string().as_deref(), Some("OK"), "{reply:?}");
+    let port = cluster.nodes[replica].port();
+    assert!(
+        eventually(LIMIT, async || owner_named(&cluster, primary, slot, port)).await,
+        "no takeover\n{}",
+        cluster.diagnostics()
+    );
+    stop.store(true, Ordering::Relaxed);
+    let held = granter.await.unwrap();
+    assert!(held.len() >= 10, "{} grants", held.len());
+    let on_new = cluster.nodes[replica].keys();
+    let other = timed_locker(&cluster, Duration::from_secs(2), Duration::from_secs(30));
+    for (id, g) in &held {
+        assert!(
+            on_new.contains(&redis_name("cl", id, "lock")),
+            "{id} was granted (token {:?}) and is not on the new primary",
+            g.fencing_token()
+        );
+        let second = other.try_acquire(&LockKey::new("cl", id).unwrap()).await;
+        assert!(
+            matches!(&second, Err(e) if e.is_contended()),
+            "{id}: {second:?}"
+        );
+    }
+    eprintln!(
+        "{} grants answered of {} tries, all on the new primary",
+        held.len(),
+        tries.load(Ordering::Relaxed)
+    );
+    cluster.nodes[primary].thaw();
 }

@@ -57,10 +57,20 @@ pub(super) struct NodeTimeouts {
 }
 
 impl NodeTimeouts {
-    fn new(command_timeout: Duration) -> Self {
+    pub(super) fn new(command_timeout: Duration) -> Self {
         NodeTimeouts {
             per_node: (command_timeout / 4).max(Duration::from_millis(1)),
         }
+    }
+
+    /// The settings of a cluster connection of its own for grants that
+    /// wait for replicas: a node may take `bound` to answer (the `WAIT`
+    /// after a grant blocks until its timeout when replicas lag), and as
+    /// long as any other to accept a connection.
+    pub(super) fn for_waits(self, bound: Duration) -> redis::cluster::ClusterConfig {
+        redis::cluster::ClusterConfig::new()
+            .set_connection_timeout(self.per_node)
+            .set_response_timeout(bound)
     }
 
     /// `builder` with these bounds. No overall bound of the client's own:

@@ -17,7 +17,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use redis::aio::MultiplexedConnection;
 
 use super::{AcquireOutcome, LockStore, ReleaseWatch, Renewal};
 use crate::error::{Error, Operation};
@@ -109,7 +108,7 @@ struct Inner {
     /// Idle connections of their own for grants that `WAIT` (which blocks
     /// the connection it runs on; the shared one carries everybody's
     /// commands, renewals included).
-    wait_conns: Mutex<Vec<MultiplexedConnection>>,
+    wait_conns: Mutex<Vec<Conn>>,
     notifier: OnceLock<Notifier>,
     eviction_check: EvictionCheck,
     /// The last `maxmemory-policy` finding logged, so that a reconnect

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use redis::RedisError;
-use redis::aio::MultiplexedConnection;
 
+use super::connection::Conn;
 use super::scripts::ScriptCall;
 use super::{RedisStore, ms};
 use crate::error::ConfigError;
@@ -156,11 +156,7 @@ impl RedisStore {
             let idle = lock(&self.inner.wait_conns).pop();
             let mut conn = match idle {
                 Some(c) => c,
-                None => {
-                    let mut c = Box::pin(self.open_single(op, Some(key))).await?;
-                    c.set_response_timeout(bound);
-                    c
-                }
+                None => Box::pin(self.open_wait_conn(op, key, bound)).await?,
             };
             let (kind, value): (i64, redis::Value) = call.invoke(&mut conn).await.map_err(|e| {
                 self.forget_connection_on(&e);
@@ -170,7 +166,7 @@ impl RedisStore {
                 lock(&self.inner.wait_conns).push_within(conn);
                 return Ok((kind, value, None));
             }
-            let acked = match w.command().query_async(&mut conn).await {
+            let acked = match self.wait_where_granted(&mut conn, w, key).await {
                 Ok(answer) => w.acks(answer),
                 Err(e) => Err(e),
             };
@@ -181,6 +177,54 @@ impl RedisStore {
             Ok((kind, value, Some(acked)))
         };
         self.bounded(op, Some(key), bound, work).await
+    }
+
+    /// A connection of its own for a grant and its wait: to the primary,
+    /// or on a Cluster a cluster connection of its own (its node
+    /// connections carry nothing else, so a `WAIT` blocks nobody's calls),
+    /// each answering within `bound`.
+    async fn open_wait_conn(
+        &self,
+        op: Operation,
+        key: &LockKey,
+        bound: std::time::Duration,
+    ) -> Result<Conn, Error> {
+        #[cfg(feature = "cluster")]
+        if let super::connection::Source::Cluster(client) = &self.inner.source {
+            let config = super::cluster::NodeTimeouts::new(self.inner.timeout).for_waits(bound);
+            return client
+                .get_async_connection_with_config(config)
+                .await
+                .map(|c| Conn::Cluster(Box::new(c)))
+                .map_err(|e| Error::from_redis(op, Some(key), e));
+        }
+        let mut c = self.open_single(op, Some(key)).await?;
+        c.set_response_timeout(bound);
+        Ok(Conn::Single(c))
+    }
+
+    /// `WAIT` (or `WAITAOF`) where the grant was written: on a Cluster,
+    /// the primary of the lock's slot, over the same node connection (the
+    /// command counts that connection's writes).
+    async fn wait_where_granted(
+        &self,
+        conn: &mut Conn,
+        w: WaitReplicas,
+        key: &LockKey,
+    ) -> redis::RedisResult<redis::Value> {
+        #[cfg(not(feature = "cluster"))]
+        let _ = key;
+        match conn {
+            Conn::Single(c) => w.command().query_async(c).await,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => {
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                // Every name of the lock shares its hash tag, and so its slot.
+                let slot = Route::with_key(self.fence_key(key), SlotAddr::Master);
+                let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(slot));
+                c.route_command(w.command(), to).await
+            }
+        }
     }
 
     /// On too few acknowledgements with [`ReplicaShortfall::Fail`],
@@ -231,11 +275,11 @@ impl RedisStore {
 
 /// Idle wait connections, kept up to [`MAX_IDLE_WAIT_CONNS`].
 trait PushWithin {
-    fn push_within(&mut self, conn: MultiplexedConnection);
+    fn push_within(&mut self, conn: Conn);
 }
 
-impl PushWithin for Vec<MultiplexedConnection> {
-    fn push_within(&mut self, conn: MultiplexedConnection) {
+impl PushWithin for Vec<Conn> {
+    fn push_within(&mut self, conn: Conn) {
         if self.len() < MAX_IDLE_WAIT_CONNS {
             self.push(conn);
         }

@@ -260,8 +260,10 @@ impl RedisStoreBuilder {
     /// failover to a replica that missed the grant lets a second holder in.
     /// `WAIT` runs on a connection of its own (kept for reuse), so the
     /// other commands of the store, renewals included, never queue behind
-    /// it. At least one replica; the timeout above 0 and below the command
-    /// timeout; not on a cluster store.
+    /// it. On a cluster store, the grant and its `WAIT` go over a cluster
+    /// connection of their own, and the `WAIT` to the primary of the
+    /// lock's slot: `replicas` counts that primary's replicas. At least one
+    /// replica; the timeout above 0 and below the command timeout.
     pub fn wait_replicas(
         mut self,
         replicas: u32,
@@ -287,7 +289,7 @@ impl RedisStoreBuilder {
     /// first grant fail with [`Error::Config`](crate::Error::Config) (the
     /// grant taken back), never a silent skip. `local` or at least one
     /// replica; the timeout above 0 and below the command timeout; not
-    /// with `wait_replicas`, not on a cluster store.
+    /// with `wait_replicas`. On a cluster store, as `wait_replicas`.
     pub fn wait_aof(
         mut self,
         local: bool,
@@ -405,12 +407,6 @@ impl RedisStoreBuilder {
                     "must be at least 1"
                 };
                 return Err(ConfigError::new(setting, reason));
-            }
-            if source.is_cluster() {
-                return Err(ConfigError::new(
-                    setting,
-                    "not supported on a cluster store (WAIT is per node)",
-                ));
             }
             if timeout.is_zero() || timeout >= s.command_timeout {
                 return Err(ConfigError::new(
