@@ -1177,18 +1177,19 @@ async fn frozen_and_healthy(
 
 /// A frozen primary costs the calls on its own slots, not the others': the
 /// first grant on a healthy slot right after a frozen node's timeout waits
-/// at most for one node timeout (a quarter of the command timeout, the
-/// client's own slot-map read asking the frozen node), never for a new
-/// cluster connection (a seed query, a connection and a `CONFIG GET` that
-/// each wait on the frozen node: 2-4 node timeouts, and sometimes the whole
-/// command timeout, before the slot map was read in the background).
+/// at most two node timeouts (a quarter of the command timeout each: the
+/// client's own slot-map read and reconnect, which ask the frozen node),
+/// never for a new cluster connection (a seed query, connections and a
+/// `CONFIG GET` that each waited on the frozen node: 2-4 node timeouts,
+/// 3 or 4 in about half the rounds, before the slot map was read in the
+/// background). Six rounds: the old path passed all six about 1 run in 60.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_frozen_primary_costs_a_healthy_slot_at_most_one_node_timeout() {
+async fn a_frozen_primary_costs_a_healthy_slot_at_most_two_node_timeouts() {
     let cluster = Cluster::start_with(3, &["--cluster-require-full-coverage", "no"]);
     let timeout = Duration::from_secs(2);
     let (l, frozen, healthy) = frozen_and_healthy(&cluster, timeout, "cost").await;
     cluster.nodes[2].freeze();
-    for round in 0..4 {
+    for round in 0..6 {
         l.try_acquire(&frozen)
             .await
             .expect_err("an acquire on the frozen primary answered");
@@ -1196,8 +1197,10 @@ async fn a_frozen_primary_costs_a_healthy_slot_at_most_one_node_timeout() {
         let g = l.try_acquire(&healthy).await;
         let took = started.elapsed();
         let g = g.unwrap_or_else(|e| panic!("round {round}: the healthy grant failed: {e:?}"));
+        // Under three node timeouts (margin for a loaded machine: two
+        // took 1.006 s once in CI's six-thread Valkey pass).
         assert!(
-            took < timeout / 2,
+            took < timeout * 3 / 4,
             "round {round}: the healthy grant waited {took:?} (command timeout {timeout:?})"
         );
         assert!(g.release().await.unwrap());
