@@ -43,6 +43,7 @@ mod body;
 pub(crate) mod config;
 pub(crate) mod extract;
 mod future;
+pub(crate) mod handoff;
 pub(crate) mod idempotency;
 pub(crate) mod key;
 #[allow(clippy::module_inception)]
