@@ -26,6 +26,9 @@ pub use engine::{Acquired, ExportedLease, Locker, LockerBuilder, Status};
 pub use error::{BoxError, ConfigError, Error, Operation};
 pub use fence::{FenceOutcome, FencedResource};
 pub use key::{KeyError, LockKey};
+#[cfg(all(feature = "axum", feature = "serde"))]
+#[cfg_attr(docsrs, doc(cfg(all(feature = "axum", feature = "serde"))))]
+pub use layer::handoff::ExportedHandOff;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use layer::{
@@ -37,9 +40,6 @@ pub use layer::{
     layer::{LockLayer, LockLayerBuilder},
     problem::{Problem, ProblemKind},
 };
-#[cfg(all(feature = "axum", feature = "serde"))]
-#[cfg_attr(docsrs, doc(cfg(all(feature = "axum", feature = "serde"))))]
-pub use layer::handoff::ExportedHandOff;
 pub use store::BoxStore;
 #[cfg(feature = "sentinel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]

@@ -232,8 +232,17 @@ mod tests {
         let a = OwnerToken::generate();
         assert_eq!(OwnerToken::from_hex(a.as_str()), Some(a.clone()));
         let upper = a.as_str().to_ascii_uppercase();
-        for bad in ["", "abc", &upper, &format!("{}0", a.as_str()), &"g".repeat(32)] {
-            assert!(OwnerToken::from_hex(bad).is_none() || bad == a.as_str(), "{bad}");
+        for bad in [
+            "",
+            "abc",
+            &upper,
+            &format!("{}0", a.as_str()),
+            &"g".repeat(32),
+        ] {
+            assert!(
+                OwnerToken::from_hex(bad).is_none() || bad == a.as_str(),
+                "{bad}"
+            );
         }
     }
 

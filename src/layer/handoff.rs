@@ -105,7 +105,7 @@ impl Slot {
 /// let locker = Locker::builder(MemoryStore::new()).lease(Duration::from_secs(30)).build()?;
 /// let layer = LockLayer::builder(locker, KeyFrom::header(http::HeaderName::from_static("x-github-delivery")))
 ///     .namespace("github")
-///     .idempotency(Idempotency::new())
+///     .idempotent(Idempotency::new())
 ///     .build()?;
 /// let app: Router = Router::new().route("/github", post(hook).route_layer(layer));
 /// # Ok(())
@@ -190,9 +190,15 @@ impl HandOff {
         let status = record.status.as_u16();
         let res = guard.finish(record.encode(), spec.retention).await;
         match &res {
-            Ok(true) => tracing::debug!(key = %key, status, "handed-off work finished: its answer stored for replay"),
-            Ok(false) => tracing::warn!(key = %key, "handed-off work finished after its lock was lost: nothing stored, a duplicate will run again"),
-            Err(e) => tracing::warn!(key = %key, error = %Chain(e), "storing the handed-off work's answer failed; a duplicate will run again"),
+            Ok(true) => {
+                tracing::debug!(key = %key, status, "handed-off work finished: its answer stored for replay")
+            }
+            Ok(false) => {
+                tracing::warn!(key = %key, "handed-off work finished after its lock was lost: nothing stored, a duplicate will run again")
+            }
+            Err(e) => {
+                tracing::warn!(key = %key, error = %Chain(e), "storing the handed-off work's answer failed; a duplicate will run again")
+            }
         }
         res
     }

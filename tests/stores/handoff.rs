@@ -65,7 +65,12 @@ macro_rules! handoff {
 
                 // Finished by the worker: the record answers the next caller.
                 let record = Bytes::from_static(b"the final answer");
-                assert!(resumed.finish(record.clone(), Duration::from_secs(60)).await.unwrap());
+                assert!(
+                    resumed
+                        .finish(record.clone(), Duration::from_secs(60))
+                        .await
+                        .unwrap()
+                );
                 match web.acquire_or_replay(&k).await.unwrap() {
                     Acquired::Completed(raw) => assert_eq!(raw, record),
                     Acquired::Locked(_) => panic!("the worker's record was not stored"),
@@ -132,7 +137,10 @@ macro_rules! handoff {
                 let lease = guard.export().unwrap();
                 assert!(!other.is_held());
                 drop(other);
-                assert!(web.try_acquire(&k).await.is_err(), "a clone's drop released it");
+                assert!(
+                    web.try_acquire(&k).await.is_err(),
+                    "a clone's drop released it"
+                );
                 web.resume(lease).await.unwrap().release().await.unwrap();
             }
         }
@@ -150,14 +158,24 @@ async fn a_resumed_lock_that_is_taken_over_is_reported_lost_memory() {
     let (store, ()) = stores::memory();
     let worker = locker(store.clone());
     let k = key("lost");
-    let lease = locker(store.clone()).acquire(&k).await.unwrap().export().unwrap();
+    let lease = locker(store.clone())
+        .acquire(&k)
+        .await
+        .unwrap()
+        .export()
+        .unwrap();
     let resumed = worker.resume(lease).await.unwrap();
     store.take_over(&k, Duration::from_secs(30));
     tokio::time::timeout(LIMIT, resumed.lost())
         .await
         .expect("the loss was not reported");
     assert!(!resumed.is_held());
-    assert!(!resumed.finish(Bytes::new(), Duration::from_secs(60)).await.unwrap());
+    assert!(
+        !resumed
+            .finish(Bytes::new(), Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,7 +216,10 @@ async fn an_exported_lease_reads_back_only_when_every_field_is_valid() {
         ("key", serde_json::json!("handoff:{x}")),
         ("key", serde_json::json!("bad ns:x")),
         ("owner", serde_json::json!("XYZ")),
-        ("owner", serde_json::json!("0123456789ABCDEF0123456789abcdef")),
+        (
+            "owner",
+            serde_json::json!("0123456789ABCDEF0123456789abcdef"),
+        ),
         ("fencing_token", serde_json::json!(0)),
         ("lease_ms", serde_json::json!(0)),
         ("extra", serde_json::json!(1)),
