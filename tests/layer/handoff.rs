@@ -26,8 +26,8 @@ use http::{HeaderName, Request, StatusCode};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, timeout};
 use tower_redis_lock::{
-    ExportedHandOff, HandOff, Idempotency, KeyFrom, LockKey, LockLayer, LockStore, Locker,
-    MemoryStore, Record, RedisStore,
+    ExportedHandOff, HandOff, Idempotency, KeyFrom, LockGuard, LockKey, LockLayer, LockStore,
+    Locker, MemoryStore, Record, RedisStore,
 };
 
 /// Upper bound on every wait for a condition; reached only on failure.
@@ -318,7 +318,8 @@ async fn a_worker_that_is_aborted_or_releases_lets_the_next_delivery_run<St: Loc
 // ---------------------------------------------------------------------------
 
 /// A request's lock is handed off once; a route without a lock layer has
-/// none to hand off (500, a wiring mistake); a plain (not idempotent) lock
+/// none to hand off (500, a wiring mistake); a `HandOff` dropped unfinished
+/// releases the lock even while a clone of its guard lives; a plain (not idempotent) lock
 /// layer's hand-off stores nothing and frees the key when it finishes.
 #[tokio::test]
 async fn a_lock_is_handed_off_once_and_only_where_there_is_one() {
@@ -336,6 +337,13 @@ async fn a_lock_is_handed_off_once_and_only_where_there_is_one() {
         });
         StatusCode::ACCEPTED
     }
+    let keep: Arc<Mutex<Option<LockGuard>>> = Arc::default();
+    let kept = keep.clone();
+    let dropped = move |guard: LockGuard, handoff: HandOff| async move {
+        *kept.lock().unwrap() = Some(guard);
+        tokio::spawn(async move { drop(handoff) });
+        StatusCode::ACCEPTED
+    };
     let store = MemoryStore::new();
     let locker = Locker::new(store.clone());
     let plain_layer = |ns: &str| {
@@ -347,6 +355,10 @@ async fn a_lock_is_handed_off_once_and_only_where_there_is_one() {
     let router = Router::new()
         .route("/twice", post(twice).route_layer(plain_layer("twice")))
         .route("/plain", post(plain).route_layer(plain_layer("plain")))
+        .route(
+            "/dropped",
+            post(dropped).route_layer(plain_layer("dropped")),
+        )
         .route("/unlocked", post(|_h: HandOff| async { StatusCode::OK }));
     let req = |path: &str| {
         Request::post(path)
@@ -358,6 +370,17 @@ async fn a_lock_is_handed_off_once_and_only_where_there_is_one() {
     let unlocked = send(&router, req("/unlocked")).await;
     let p = unlocked.problem(StatusCode::INTERNAL_SERVER_ERROR);
     assert!(p["detail"].as_str().unwrap().contains("LockLayer"), "{p}");
+
+    let dropped = send(&router, req("/dropped")).await;
+    assert_eq!(dropped.status, StatusCode::ACCEPTED);
+    // Dropped while a clone of its guard lives on: released all the same.
+    let key = LockKey::new("dropped", "p1").unwrap();
+    assert!(eventually(LIMIT, async || !store.is_locked(&key)).await);
+    assert_eq!(
+        send(&router, req("/dropped")).await.status,
+        StatusCode::ACCEPTED
+    );
+    drop(keep.lock().unwrap().take());
 
     let first = send(&router, req("/plain")).await;
     assert_eq!(first.status, StatusCode::ACCEPTED);
