@@ -541,7 +541,11 @@ where
     let mut res = match res {
         Ok(res) => res,
         Err(e) => {
-            let _ = guard.clone().release().await;
+            // (A lock the service handed off before it failed is the
+            // work's: left alone.)
+            if !slot.handed_off() {
+                let _ = guard.clone().release().await;
+            }
             return Err(Exit::Failed(e));
         }
     };

@@ -580,3 +580,51 @@ fn a_worker_process_that_dies_lets_the_lock_lapse_and_the_next_delivery_runs() {
         let _ = app.jobs.recv().await.unwrap();
     });
 }
+
+/// A Tower service (not an axum handler: those cannot fail) that hands
+/// its lock off and then fails: the failure is the service's own, and the
+/// lock stays the work's, which finishes it.
+#[tokio::test]
+async fn a_service_that_fails_after_handing_off_leaves_the_lock_to_the_work() {
+    use axum::extract::FromRequestParts;
+    use tower::{Layer, ServiceExt};
+
+    let store = MemoryStore::new();
+    let layer = LockLayer::builder(Locker::new(store.clone()), KeyFrom::header(DELIVERY))
+        .namespace("failing")
+        .idempotent(Idempotency::new())
+        .build()
+        .unwrap();
+    let (go_tx, go) = oneshot::channel::<()>();
+    let go = Arc::new(Mutex::new(Some(go)));
+    let (done_tx, done) = oneshot::channel();
+    let done_tx = Arc::new(Mutex::new(Some(done_tx)));
+    let service = tower::service_fn(move |req: Request<Body>| {
+        let (go, done_tx) = (go.clone(), done_tx.clone());
+        async move {
+            let (mut parts, _) = req.into_parts();
+            let handoff = HandOff::from_request_parts(&mut parts, &()).await.unwrap();
+            let go = go.lock().unwrap().take().unwrap();
+            let done_tx = done_tx.lock().unwrap().take().unwrap();
+            tokio::spawn(async move {
+                let _ = go.await;
+                let _ = done_tx.send(handoff.finish(StatusCode::OK).await.unwrap());
+            });
+            Err::<axum::response::Response, _>(std::io::Error::other("failed after the hand-off"))
+        }
+    });
+    let failed = layer
+        .layer(service)
+        .oneshot(delivery("f1", "{}"))
+        .await
+        .unwrap_err();
+    assert_eq!(failed.to_string(), "failed after the hand-off");
+    let key = LockKey::new("failing", "f1").unwrap();
+    assert!(store.is_locked(&key), "the layer released the work's lock");
+    go_tx.send(()).unwrap();
+    assert!(
+        timeout(LIMIT, done).await.unwrap().unwrap(),
+        "the work's finish stored nothing"
+    );
+    assert!(store.read_record(&key).await.unwrap().is_some());
+}
