@@ -315,6 +315,28 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Every key `new` makes reads back as itself, and whatever reads
+        /// back is a key `new` could have made, spelled as it is.
+        #[test]
+        fn stored_keys_read_back_as_themselves_only(
+            id in proptest::collection::vec(proptest::prelude::any::<u8>(), 1..200),
+            text in "([a-z./_-]{1,8}|.{0,6}):(~[0-9a-fA-F]{30,34}|[ -~]{0,130}|.{0,8})",
+        ) {
+            let k = LockKey::new("ns", &id).unwrap();
+            proptest::prop_assert_eq!(LockKey::from_stored(k.as_str()).unwrap(), k);
+            if let Ok(read) = LockKey::from_stored(&text) {
+                proptest::prop_assert_eq!(read.as_str(), text.as_str());
+                if !read.is_hashed() {
+                    proptest::prop_assert_eq!(
+                        LockKey::new(read.namespace(), read.id()).unwrap(),
+                        read
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn bad_namespaces_and_empty_ids_are_rejected() {
         assert!(LockKey::new("", "x").is_err());
