@@ -78,6 +78,37 @@ impl LockKey {
         })
     }
 
+    /// A key from its stored form `namespace:id` (as [`as_str`](LockKey::as_str)
+    /// writes it), checked to be one that [`new`](LockKey::new) makes: a
+    /// valid namespace, and an id that is verbatim-safe or `~` and 32 hex
+    /// digits. (For an exported lease read back from elsewhere.)
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    pub(crate) fn from_stored(full: &str) -> Result<Self, KeyError> {
+        let bad = KeyError {
+            reason: "not a stored lock key (namespace:id)",
+        };
+        let (namespace, id) = full.split_once(':').ok_or(bad.clone())?;
+        validate_name(namespace, false)?;
+        let b = id.as_bytes();
+        let verbatim = !b.is_empty()
+            && b.len() <= MAX_VERBATIM_ID
+            && b[0] != b'~'
+            && b.iter()
+                .all(|&c| (0x21..=0x7e).contains(&c) && c != b'{' && c != b'}');
+        let hashed = b.len() == 33
+            && b[0] == b'~'
+            && b[1..]
+                .iter()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c));
+        if !verbatim && !hashed {
+            return Err(bad);
+        }
+        Ok(LockKey {
+            full: full.into(),
+            ns_len: namespace.len(),
+        })
+    }
+
     /// The namespace part.
     pub fn namespace(&self) -> &str {
         &self.full[..self.ns_len]
@@ -263,6 +294,47 @@ mod tests {
         // `namespace:id` splits one way only.
         assert!(LockKey::new("a", "b:c").is_ok());
         assert!(LockKey::new("a:b", "c").is_err());
+    }
+
+    #[test]
+    fn a_stored_key_reads_back_as_the_same_key_and_nothing_else_does() {
+        for id in [&b"evt_1"[..], b"a b", b"~abc", &[b'x'; 200]] {
+            let k = LockKey::new("ns", id).unwrap();
+            assert_eq!(LockKey::from_stored(k.as_str()).unwrap(), k);
+        }
+        for bad in [
+            "ns",
+            "ns:",
+            "bad ns:x",
+            "ns:a b",
+            "ns:{x}",
+            "ns:~abc",
+            "ns:~0123456789abcdef0123456789ABCDEF",
+        ] {
+            assert!(LockKey::from_stored(bad).is_err(), "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Every key `new` makes reads back as itself, and whatever reads
+        /// back is a key `new` could have made, spelled as it is.
+        #[test]
+        fn stored_keys_read_back_as_themselves_only(
+            id in proptest::collection::vec(proptest::prelude::any::<u8>(), 1..200),
+            text in "([a-z./_-]{1,8}|.{0,6}):(~[0-9a-fA-F]{30,34}|[ -~]{0,130}|.{0,8})",
+        ) {
+            let k = LockKey::new("ns", &id).unwrap();
+            proptest::prop_assert_eq!(LockKey::from_stored(k.as_str()).unwrap(), k);
+            if let Ok(read) = LockKey::from_stored(&text) {
+                proptest::prop_assert_eq!(read.as_str(), text.as_str());
+                if !read.is_hashed() {
+                    proptest::prop_assert_eq!(
+                        LockKey::new(read.namespace(), read.id()).unwrap(),
+                        read
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -22,15 +22,19 @@ mod time;
 mod token;
 
 pub use engine::LockGuard;
-pub use engine::{Acquired, Locker, LockerBuilder, Status};
+pub use engine::{Acquired, ExportedLease, Locker, LockerBuilder, Status};
 pub use error::{BoxError, ConfigError, Error, Operation};
 pub use fence::{FenceOutcome, FencedResource};
 pub use key::{KeyError, LockKey};
+#[cfg(all(feature = "axum", feature = "serde"))]
+#[cfg_attr(docsrs, doc(cfg(all(feature = "axum", feature = "serde"))))]
+pub use layer::handoff::ExportedHandOff;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use layer::{
     config::{OnLockLost, OnMissingKey, OnStoreError, RetryAfter},
-    extract::{MissingFencingToken, MissingLockGuard},
+    extract::{MissingFencingToken, MissingHandOff, MissingLockGuard},
+    handoff::HandOff,
     idempotency::{Fingerprint, Idempotency, Record},
     key::KeyFrom,
     layer::{LockLayer, LockLayerBuilder},

@@ -40,6 +40,17 @@ impl OwnerToken {
         OwnerToken { hex }
     }
 
+    /// A token from its text (32 lowercase hex digits, as
+    /// [`as_str`](OwnerToken::as_str) writes it), for an exported lease
+    /// read back from elsewhere.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    pub(crate) fn from_hex(text: &str) -> Option<Self> {
+        let hex: [u8; 32] = text.as_bytes().try_into().ok()?;
+        hex.iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+            .then_some(OwnerToken { hex })
+    }
+
     /// The token as stores write it. Treat it as a secret.
     pub fn as_str(&self) -> &str {
         // Only ASCII hex digits are ever stored.
@@ -214,6 +225,25 @@ mod tests {
         assert!(a.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
         assert_eq!(format!("{a:?}"), "OwnerToken(..)");
         assert!(!format!("{a:?}").contains(a.as_str()));
+    }
+
+    #[test]
+    fn an_owner_token_reads_back_from_its_text_only() {
+        let a = OwnerToken::generate();
+        assert_eq!(OwnerToken::from_hex(a.as_str()), Some(a.clone()));
+        let upper = a.as_str().to_ascii_uppercase();
+        for bad in [
+            "",
+            "abc",
+            &upper,
+            &format!("{}0", a.as_str()),
+            &"g".repeat(32),
+        ] {
+            assert!(
+                OwnerToken::from_hex(bad).is_none() || bad == a.as_str(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

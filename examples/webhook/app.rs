@@ -14,14 +14,14 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use tower_redis_lock::{
-    ConfigError, Idempotency, KeyFrom, LockGuard, LockLayer, LockStore, Locker,
+    ConfigError, HandOff, Idempotency, KeyFrom, LockGuard, LockLayer, LockStore, Locker,
 };
 
 use super::ledger::{Applied, Ledger};
 use super::verify::{GITHUB_DELIVERY, Scheme, Verifier, header_str, verify_signature};
 use super::{
-    DEFAULT_SECRET, DEFAULT_WORK, GITHUB_NAMESPACE, GITHUB_WAIT, MAX_BODY, RETENTION,
-    STRIPE_NAMESPACE, TOLERANCE,
+    DEFAULT_SECRET, DEFAULT_WORK, GITHUB_JOBS_NAMESPACE, GITHUB_NAMESPACE, GITHUB_WAIT, MAX_BODY,
+    RETENTION, STRIPE_NAMESPACE, TOLERANCE,
 };
 
 /// A hook run by each delivery under its lock, before it works and applies
@@ -105,17 +105,19 @@ pub fn app<St: LockStore + Clone>(
     // GitHub does not retry: an in-flight duplicate waits for the answer.
     // Keyed on the signed body, not on the unsigned delivery id: a captured
     // delivery replayed under new delivery ids is still a duplicate.
-    let github_lock = LockLayer::builder(
-        Locker::builder(store)
-            .lease(opts.lease)
-            .wait_timeout(opts.github_wait)
-            .build()?,
-        KeyFrom::body_digest(),
-    )
-    .namespace(GITHUB_NAMESPACE)
-    .body_limit(MAX_BODY)
-    .idempotent(remember)
-    .build()?;
+    let github_lock = |namespace: &str| -> Result<LockLayer<St>, ConfigError> {
+        LockLayer::builder(
+            Locker::builder(store.clone())
+                .lease(opts.lease)
+                .wait_timeout(opts.github_wait)
+                .build()?,
+            KeyFrom::body_digest(),
+        )
+        .namespace(namespace)
+        .body_limit(MAX_BODY)
+        .idempotent(remember.clone())
+        .build()
+    };
     let verifier = |scheme| {
         middleware::from_fn_with_state(
             Arc::new(Verifier {
@@ -143,7 +145,15 @@ pub fn app<St: LockStore + Clone>(
         .route(
             "/webhooks/github",
             post(github)
-                .route_layer(github_lock)
+                .route_layer(github_lock(GITHUB_NAMESPACE)?)
+                .route_layer(verifier(Scheme::GitHub)),
+        )
+        // The same, for work that outlasts GitHub's 10 s: answered 202 at
+        // once, the work handed off to a task that keeps the lock.
+        .route(
+            "/webhooks/github/jobs",
+            post(github_job)
+                .route_layer(github_lock(GITHUB_JOBS_NAMESPACE)?)
                 .route_layer(verifier(Scheme::GitHub)),
         )
         .route("/ledger", get(show_ledger))
@@ -177,6 +187,38 @@ async fn github(
         Some(id) => deliver(&app, "github", id, &guard).await,
         None => problem(StatusCode::BAD_REQUEST, "missing `X-GitHub-Delivery`"),
     }
+}
+
+/// A GitHub delivery whose work takes longer than GitHub waits for an
+/// answer (10 s): `202 Accepted` at once, and the work handed off to a
+/// task that keeps the lock renewed. Its final answer is stored with the
+/// release, as if the handler had given it: a duplicate meanwhile waits
+/// for it (up to `github_wait`, then 409), a later one gets it replayed.
+/// Work that fails releases the lock instead, so that a redelivery runs
+/// it again; a task that dies (a panic, the process gone) does the same
+/// at once, or when the lease lapses.
+async fn github_job(
+    State(app): State<Arc<AppState>>,
+    handoff: HandOff,
+    headers: HeaderMap,
+) -> Response {
+    let Some(id) = header_str(&headers, &GITHUB_DELIVERY).map(str::to_owned) else {
+        // Nothing handed off: dropping the hand-off releases the lock.
+        return problem(StatusCode::BAD_REQUEST, "missing `X-GitHub-Delivery`");
+    };
+    let answer = Json(serde_json::json!({ "accepted": true, "id": id }));
+    tokio::spawn(async move {
+        let res = deliver(&app, "github-jobs", &id, handoff.guard()).await;
+        let ended = if res.status().is_success() {
+            handoff.finish(res).await
+        } else {
+            handoff.release().await
+        };
+        if let Err(e) = ended {
+            tracing::warn!(id, error = %e, "the job's lock could not be ended; it lapses at its lease");
+        }
+    });
+    (StatusCode::ACCEPTED, answer).into_response()
 }
 
 /// Works, then applies the event with the lock's fencing token.

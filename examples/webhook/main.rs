@@ -40,6 +40,15 @@
 //!   the ledger entry and the answer. GitHub does not retry by itself, so a
 //!   duplicate that arrives while the first runs *waits* (up to 10 s) and
 //!   gets the first one's answer replayed.
+//! * `POST /webhooks/github/jobs` is the GitHub route for work that takes
+//!   longer than GitHub waits for an answer (10 s): checked and locked the
+//!   same way (namespace `github-jobs`), it answers `202 Accepted
+//!   {"accepted": true, "id": ...}` at once and hands the lock to a task
+//!   ([`HandOff`](tower_redis_lock::HandOff)) that does the work under
+//!   it, renewed. The task's answer (`200 {"received": true, ...}`) is
+//!   stored with the release, as the record later deliveries get; a
+//!   duplicate meanwhile waits for it (then `409`). Work that fails
+//!   releases the lock, so that a redelivery runs it again.
 //! * `GET /ledger` answers `{"<event id>": <times applied>, ...}`.
 //!
 //! Applying an event means counting it in the ledger, with the lock's
@@ -131,6 +140,8 @@ pub const LEDGER_PREFIX: &str = "ledger:{webhooks}:";
 pub const STRIPE_NAMESPACE: &str = "stripe";
 /// Namespace of the GitHub delivery locks.
 pub const GITHUB_NAMESPACE: &str = "github";
+/// Namespace of the GitHub job locks (deliveries whose work is handed off).
+pub const GITHUB_JOBS_NAMESPACE: &str = "github-jobs";
 /// Time limits when the environment sets none. The request timeout leaves
 /// a waiting GitHub duplicate ([`GITHUB_WAIT`]) and the work time to end.
 pub const DEFAULT_TIMEOUTS: Timeouts = Timeouts {
@@ -165,7 +176,9 @@ async fn run() -> Result<(), Failure> {
     common::listen(settings.port, router, t, |local| {
         println!("work {} ms; {t}", settings.work.as_millis());
         println!("listening on http://{local}");
-        println!("routes: POST /webhooks/stripe, POST /webhooks/github, GET /ledger");
+        println!(
+            "routes: POST /webhooks/stripe, POST /webhooks/github, POST /webhooks/github/jobs, GET /ledger"
+        );
     })
     .await
 }

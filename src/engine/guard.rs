@@ -10,6 +10,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::exported::ExportedLease;
 use super::hold::Hold;
 use super::lease::{Lease, LossReason};
 use super::pending::{EndOp, Ending, PendingEnd, trace_release};
@@ -370,6 +371,64 @@ impl LockGuard {
             pending.retry_later();
         }
         res
+    }
+
+    /// Gives the lock up **without releasing it**, as a value another task
+    /// or process can [`resume`](crate::Locker::resume): the lock stays in
+    /// the store for the rest of its lease, renewed by nobody until it is
+    /// resumed. Long work answered early (a webhook acknowledged with
+    /// `202 Accepted`) hands its lock to a worker this way; a worker that
+    /// dies before it resumes or finishes lets the lock lapse at its lease.
+    ///
+    /// Like [`finish`](LockGuard::finish) this ends the lock here for every
+    /// hold: other clones and re-entered holds see `is_held() == false`,
+    /// and dropping them releases nothing.
+    ///
+    /// Fails with [`Error::LockLost`] if the lock is no longer held (then
+    /// it is released as by dropping the guard). The value carries the
+    /// owner token: it is a capability (see [`ExportedLease`](crate::ExportedLease)).
+    ///
+    /// ```
+    /// use tower_redis_lock::{LockKey, Locker, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_redis_lock::Error> {
+    /// let locker = Locker::new(MemoryStore::new());
+    /// let key = LockKey::new("jobs", "7")?;
+    /// let guard = locker.acquire(&key).await?;
+    /// let exported = guard.export()?;
+    /// assert_eq!(locker.status().renewing, 0, "renewed by nobody until resumed");
+    /// assert!(locker.try_acquire(&key).await.is_err(), "but still held");
+    /// let again = locker.resume(exported).await?;
+    /// assert!(again.release().await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn export(self) -> Result<ExportedLease, Error> {
+        let s = &self.shared;
+        let l = s.lease();
+        if !s.is_held() {
+            return Err(Error::LockLost { key: l.key.clone() });
+        }
+        let valid_for = l.valid_for();
+        // This hold ended and the lease off the watchdog, marked released
+        // here without a word to the store: nothing ends it but its lease.
+        if s.end_hold().is_none() || !s.stop_renewal() {
+            return Err(Error::LockLost { key: l.key.clone() });
+        }
+        tracing::debug!(
+            key = %l.key,
+            fencing_token = l.token.ok().map(crate::token::FencingToken::get),
+            valid_ms = valid_for.as_millis() as u64,
+            "lock exported: no longer renewed here"
+        );
+        Ok(ExportedLease {
+            key: l.key.clone(),
+            owner: l.owner.clone(),
+            token: l.token,
+            lease: l.lease,
+            deadline: std::time::SystemTime::now() + valid_for,
+        })
     }
 
     /// Whether this hold was given back (released, finished or dropped

@@ -11,6 +11,7 @@
 //! | `watchdog.rs` | one renewal task per locker: renew at lease/3, in batches; grants and releases write its table without waking it |
 //! | `pending.rs` | drop guards for unanswered store calls; ending a lock in the background |
 //! | `hold.rs` | one hold of a grant; hold counting (the last one ends the lock) |
+//! | `exported.rs` | [`ExportedLease`]: a held lease given up by its guard, for another task or process |
 //! | `reentry.rs` | the holds the current task runs under |
 //! | `guard.rs` | [`LockGuard`], the public face of a hold |
 //! | `health.rs` | whether the store answers: an outage logged when it starts and ends |
@@ -18,8 +19,10 @@
 //! | `options.rs` | a locker's settings and their defaults |
 //! | `builder.rs` | [`LockerBuilder`]: settings checked once |
 //! | `wait.rs` | the wait loop and one try at the store |
+//! | `resume.rs` | [`Locker::resume`]: an exported lease held again, once the store confirms it |
 
 mod builder;
+mod exported;
 mod guard;
 mod health;
 mod hold;
@@ -29,12 +32,14 @@ mod options;
 mod pending;
 mod queue;
 mod reentry;
+mod resume;
 #[cfg(test)]
 mod test_support;
 mod wait;
 mod watchdog;
 
 pub use builder::LockerBuilder;
+pub use exported::ExportedLease;
 pub use guard::LockGuard;
 pub(crate) use lease::Lease;
 pub use locker::{Acquired, Locker, Status};

@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use http::request::Parts;
 
+use super::handoff::{HandOff, Slot};
 use super::problem::Problem;
 use crate::engine::LockGuard;
 use crate::token::FencingToken;
@@ -153,6 +154,36 @@ rejection!(
     "no FencingToken in the request extensions: is `LockLayer` enabled on this route, \
      over a store that fences (not built with `fencing(false)`)? (Use \
      `Option<FencingToken>` where the layer may pass requests through unlocked.)"
+);
+
+/// Takes the request's lock over for background work (see [`HandOff`]);
+/// from then on the layer leaves the lock and the record to it.
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl<S: Send + Sync> FromRequestParts<S> for HandOff {
+    type Rejection = MissingHandOff;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<Slot>()
+            .and_then(Slot::take)
+            .ok_or(MissingHandOff)
+    }
+}
+
+/// Rejection of the [`HandOff`] extractor: the request holds no lock to
+/// hand off (no lock layer on the route, a request the layer passed
+/// through unlocked), or its lock was handed off already. A 500 problem
+/// answer, with [`status`](Self::status) and [`body_text`](Self::body_text)
+/// as [`MissingLockGuard`] has.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct MissingHandOff;
+
+rejection!(
+    MissingHandOff,
+    "no lock to hand off in this request. Is `LockLayer` enabled on this route? \
+     (A request's lock is handed off once.)"
 );
 
 #[cfg(test)]

@@ -29,7 +29,7 @@
 
 //!
 //! The types an application names (`LockLayer`, `KeyFrom`, `Idempotency`,
-//! the policies, the extractor rejections, `Problem`) are at the crate
+//! `HandOff`, the policies, the extractor rejections, `Problem`) are at the crate
 //! root. This module holds the rest of the Tower plumbing (the service
 //! the layer makes, its future and body) and the header and content-type
 //! names, each reachable by this one path:
@@ -43,6 +43,7 @@ mod body;
 pub(crate) mod config;
 pub(crate) mod extract;
 mod future;
+pub(crate) mod handoff;
 pub(crate) mod idempotency;
 pub(crate) mod key;
 #[allow(clippy::module_inception)]

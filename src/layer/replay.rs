@@ -111,31 +111,7 @@ where
     let buf = buf.freeze();
     let mut record = Record::new(parts.status);
     record.fingerprint = fingerprint;
-    // Each name once: the representation headers, which give the stored
-    // bytes their meaning, the answer's own (where, validators, caching),
-    // the run's fencing token, then the chosen ones; never those of one
-    // transfer or moment.
-    let mut names: Vec<&HeaderName> = Vec::new();
-    for name in REPRESENTATION_HEADERS
-        .iter()
-        .chain(&ANSWER_HEADERS)
-        .chain(std::iter::once(fencing_header))
-        .chain(&idem.headers)
-    {
-        if !never_stored(name) && !names.contains(&name) {
-            names.push(name);
-        }
-    }
-    record.headers = names
-        .into_iter()
-        .flat_map(|name| {
-            parts
-                .headers
-                .get_all(name)
-                .iter()
-                .map(move |v| (name.clone(), v.clone()))
-        })
-        .collect();
+    record.headers = stored_headers(&parts.headers, &idem.headers, fencing_header);
     if over {
         record.body_omitted = true;
         tracing::debug!(
@@ -156,4 +132,35 @@ where
         parts,
         ResponseBody::full_with_trailers(buf, trailers),
     ))
+}
+
+/// The headers of an answer a record keeps. Each name once: the
+/// representation headers, which give the stored bytes their meaning, the
+/// answer's own (where, validators, caching), the run's fencing token,
+/// then the chosen ones; never those of one transfer or moment.
+pub(super) fn stored_headers(
+    headers: &HeaderMap,
+    chosen: &[HeaderName],
+    fencing_header: &HeaderName,
+) -> Vec<(HeaderName, HeaderValue)> {
+    let mut names: Vec<&HeaderName> = Vec::new();
+    for name in REPRESENTATION_HEADERS
+        .iter()
+        .chain(&ANSWER_HEADERS)
+        .chain(std::iter::once(fencing_header))
+        .chain(chosen)
+    {
+        if !never_stored(name) && !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+        .into_iter()
+        .flat_map(|name| {
+            headers
+                .get_all(name)
+                .iter()
+                .map(move |v| (name.clone(), v.clone()))
+        })
+        .collect()
 }

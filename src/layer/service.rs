@@ -15,6 +15,7 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::config::{Config, OnLockLost, OnMissingKey, OnStoreError};
 use super::future::ResponseFuture;
+use super::handoff::{RecordSpec, Slot};
 use super::idempotency::{Fingerprint, Record};
 use super::key::route_namespace;
 use super::problem::{Problem, ProblemKind};
@@ -224,9 +225,16 @@ where
     if parent.as_ref().is_some_and(|p| p.same_grant(&guard)) {
         return reentered(c, inner, req, guard, &key).await;
     }
-    // 3. The service, under the lock.
+    // 3. The service, under the lock. A handler may take the lock over
+    // for background work (`HandOff`): then the lock and the record are
+    // the work's, and the layer neither stores nor releases anything.
     let held_from = tokio::time::Instant::now();
-    let res = run(c, inner, req, &guard, &key).await?;
+    let slot = Slot::new(&guard, record_spec(c, fingerprint));
+    let res = run(c, inner, req, &guard, &key, &slot).await?;
+    if slot.handed_off() {
+        tracing::debug!(key = %key, status = res.status().as_u16(), "lock handed off to background work; answered without releasing it");
+        return Ok(res.map(|b| ResponseBody::inner(b, None)));
+    }
     // 4. Its outcome stored (idempotency), and the lock released. How long
     // that took tells later contenders when to come back.
     // (A body held under the lock notes its hold when it ends.)
@@ -479,6 +487,18 @@ where
     Ok(res.map(|b| ResponseBody::inner(b, None)))
 }
 
+/// What a handed-off request's worker needs to store the record as this
+/// layer would (`None` without idempotency).
+fn record_spec<St>(c: &Config<St>, fingerprint: Option<[u8; 32]>) -> Option<RecordSpec> {
+    c.idempotency.as_ref().map(|idem| RecordSpec {
+        fingerprint,
+        retention: idem.retention,
+        max_body: idem.max_body,
+        headers: idem.headers.clone(),
+        fencing_header: c.header.clone(),
+    })
+}
+
 /// Step 3: the service, with the guard and the token in the request, in the
 /// guard's scope (so that the handler re-enters when it asks the locker for
 /// the same key); its response gets the `Fencing-Token` header. An unfenced
@@ -489,12 +509,14 @@ async fn run<S, St, ReqBody, ResBody>(
     mut req: Request<ReqBody>,
     guard: &LockGuard,
     key: &LockKey,
+    slot: &Slot,
 ) -> Result<Response<ResBody>, Exit<S::Error>>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
 {
     let token = guard.fencing_token().ok();
     req.extensions_mut().insert(guard.clone());
+    req.extensions_mut().insert(slot.clone());
     if let Some(token) = token {
         req.extensions_mut().insert(token);
     }
@@ -519,7 +541,11 @@ where
     let mut res = match res {
         Ok(res) => res,
         Err(e) => {
-            let _ = guard.clone().release().await;
+            // (A lock the service handed off before it failed is the
+            // work's: left alone.)
+            if !slot.handed_off() {
+                let _ = guard.clone().release().await;
+            }
             return Err(Exit::Failed(e));
         }
     };

@@ -46,6 +46,7 @@ const LIMIT: Duration = Duration::from_secs(10);
 const SECRET: &str = "whsec_test";
 const STRIPE: &str = "/webhooks/stripe";
 const GITHUB: &str = "/webhooks/github";
+const GITHUB_JOBS: &str = "/webhooks/github/jobs";
 
 // ---------------------------------------------------------------------------
 // The probe: what each delivery does in the example's `before_apply` hook
@@ -226,6 +227,13 @@ fn github(delivery: &str, body: &Bytes) -> Request<Body> {
         .header("x-hub-signature-256", webhook::sign_github(SECRET, body))
         .body(Body::from(body.clone()))
         .unwrap()
+}
+
+/// A GitHub delivery of `body` to the route that hands its work off.
+fn github_job(delivery: &str, body: &Bytes) -> Request<Body> {
+    let mut req = github(delivery, body);
+    *req.uri_mut() = GITHUB_JOBS.parse().unwrap();
+    req
 }
 
 impl Reply {
@@ -803,6 +811,98 @@ async fn a_waiting_github_delivery_runs_itself_when_the_first_one_fails() {
     assert_eq!(probe.runs(delivery), 2);
     assert_eq!(probe.max_in_flight(), 1);
     send(&app, github(delivery, &body)).await.replay_of(&b);
+    assert_eq!(ledger(&app).await, counts(&[(delivery, 1)]));
+}
+
+// ---------------------------------------------------------------------------
+// GitHub jobs: answered 202 at once, the work handed off to a task
+// ---------------------------------------------------------------------------
+
+/// The handed-off job's first answer: 202 at once, with the lock's token.
+fn accepted(r: &Reply, id: &str) {
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{r:?}");
+    assert!(!r.replayed(), "{r:?}");
+    assert_eq!(r.json(), serde_json::json!({ "accepted": true, "id": id }));
+    assert!(r.header("fencing-token").is_some(), "{r:?}");
+}
+
+/// The job's final answer, replayed: what the worker's delivery answered,
+/// under the fencing token the 202 carried.
+fn final_answer_of(r: &Reply, id: &str, first: &Reply) {
+    assert!(r.replayed(), "not a replay: {r:?}");
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(r.json(), serde_json::json!({ "received": true, "id": id }));
+    assert_eq!(r.header("fencing-token"), first.header("fencing-token"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_github_job_is_accepted_at_once_and_a_duplicate_waits_for_its_final_answer() {
+    let server = RedisServer::start();
+    let (probe, mut holds) = Probe::new();
+    let app = redis_app(&server, options(&probe));
+    let delivery = "d-job";
+    probe.plan(delivery, [Step::Hold]);
+    let body = Bytes::from_static(br#"{"action":"requested","workflow_run":{"id":30}}"#);
+
+    // Answered while the work is still held inside the task.
+    let first = send(&app, github_job(delivery, &body)).await;
+    accepted(&first, delivery);
+    let work = held(&mut holds).await;
+    let second = {
+        let app = app.clone();
+        let req = github_job(delivery, &body);
+        tokio::spawn(async move { send(&app, req).await })
+    };
+    let channel = redis_name("github-jobs", &digest(&body), "released");
+    until("the duplicate waits for the job", || {
+        let reply = server.cmd(&["PUBSUB", "NUMSUB", &channel]);
+        reply.as_array().unwrap()[1].as_int().unwrap() >= 1
+    })
+    .await;
+    assert!(
+        ledger(&app).await.is_empty(),
+        "applied before the work ended"
+    );
+    work.release.send(()).unwrap();
+
+    let b = timeout(LIMIT, second).await.unwrap().unwrap();
+    final_answer_of(&b, delivery, &first);
+    final_answer_of(
+        &send(&app, github_job(delivery, &body)).await,
+        delivery,
+        &first,
+    );
+    assert_eq!(probe.runs(delivery), 1);
+    assert_eq!(ledger(&app).await, counts(&[(delivery, 1)]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_github_job_that_fails_releases_its_lock_and_the_redelivery_runs_it() {
+    let server = RedisServer::start();
+    let (probe, _holds) = Probe::new();
+    let app = redis_app(&server, options(&probe));
+    let delivery = "d-job-fails";
+    probe.plan(delivery, [Step::Fail]);
+    let body = Bytes::from_static(br#"{"action":"requested","workflow_run":{"id":31}}"#);
+
+    accepted(&send(&app, github_job(delivery, &body)).await, delivery);
+    // The failed work stored nothing and freed the key: the redelivery
+    // runs (once the lock is released; a duplicate meanwhile waits).
+    let again = until_not_contended(&app, || github_job(delivery, &body)).await;
+    accepted(&again, delivery);
+    until("the second run applied", || probe.runs(delivery) == 2).await;
+    let mut last = None;
+    assert!(
+        support::eventually(LIMIT, async || {
+            let r = send(&app, github_job(delivery, &body)).await;
+            let done = r.replayed();
+            last = Some(r);
+            done
+        })
+        .await
+    );
+    final_answer_of(&last.unwrap(), delivery, &again);
+    assert_eq!(probe.runs(delivery), 2);
     assert_eq!(ledger(&app).await, counts(&[(delivery, 1)]));
 }
 

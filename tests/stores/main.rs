@@ -8,6 +8,7 @@ mod cluster;
 mod conformance;
 mod credentials;
 mod eviction;
+mod handoff;
 mod network_faults;
 mod noscript;
 mod pubsub_leak;

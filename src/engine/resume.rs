@@ -1,0 +1,87 @@
+//! [`Locker::resume`]: going on holding a lock another guard exported,
+//! once the store has confirmed it is still ours.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::time::Instant;
+
+use super::exported::ExportedLease;
+use super::guard::LockGuard;
+use super::lease::Lease;
+use super::locker::Locker;
+use super::pending::Ending;
+use crate::error::{ConfigError, Error};
+use crate::store::LockStore;
+use crate::time::drift;
+use crate::token::FencingToken;
+
+impl<S: LockStore> Locker<S> {
+    /// Goes on holding a lock another guard [exported](LockGuard::export)
+    /// (in this process or another, through any locker on the same store):
+    /// renews it at once, owner-checked, and answers a guard that this
+    /// locker's watchdog keeps renewing, that can
+    /// [`finish`](LockGuard::finish) or [`release`](LockGuard::release) it,
+    /// and whose [`lost`](LockGuard::lost) resolves if it is lost — the
+    /// guard of the original grant, with its fencing token (like
+    /// redis-semaphore's `acquiredExternally`).
+    ///
+    /// A lease that already lapsed, or that another holder has taken
+    /// since, is [`Error::LockLost`], never a guard that does not hold
+    /// the lock: the answer is the store's. A store that does not answer
+    /// is its error ([`Error::Unavailable`]); the lock is then left to its
+    /// lease, so a retry of `resume` can still find it. A resume whose
+    /// future is dropped after the store renewed it leaves the lock to
+    /// lapse at its lease too.
+    ///
+    /// The resumed lease is renewed for the exported lease length, and
+    /// this locker's hold cap, if any, counts from the resume.
+    pub async fn resume(&self, lease: ExportedLease) -> Result<LockGuard, Error> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::Config(ConfigError::new(
+                "runtime",
+                "locks must be resumed inside a Tokio runtime",
+            ))
+        })?;
+        let ExportedLease {
+            key,
+            owner,
+            token,
+            lease: length,
+            ..
+        } = lease;
+        let o = &self.inner.opts;
+        let started = Instant::now();
+        let first = o.max_hold.map_or(length, |cap| length.min(cap));
+        if !self.inner.store.extend(&key, &owner, first).await? {
+            tracing::debug!(key = %key, "resume refused: the exported lease lapsed or was taken over");
+            return Err(Error::LockLost { key });
+        }
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let lease = Arc::new(Lease::new(
+            id,
+            key,
+            owner,
+            token,
+            length,
+            drift(length),
+            started,
+            o.max_hold,
+        ));
+        let watchdog = self.watchdog(&runtime);
+        watchdog.add(lease.clone());
+        tracing::debug!(
+            key = %lease.key,
+            fencing_token = token.ok().map(FencingToken::get),
+            "exported lock resumed"
+        );
+        crate::observe::hold_started(&lease);
+        let end = Ending {
+            lease,
+            store: self.inner.erased.clone(),
+            local: self.inner.queues.clone(),
+            runtime: Some(runtime),
+        };
+        Ok(LockGuard::new(end, watchdog))
+    }
+}
