@@ -93,13 +93,28 @@ fn seed() -> u64 {
     }
 }
 
+/// How the workers reach the lock servers.
+#[derive(Clone, Copy, PartialEq)]
+enum Proxies {
+    /// Directly.
+    None,
+    /// Each through proxies of its own.
+    PerWorker,
+    /// A Cluster's nodes, each behind one proxy that every worker (and no
+    /// node: the cluster bus is direct) goes through; a fault on it cuts
+    /// the node off from every worker.
+    Shared,
+}
+
 /// What a history is run with.
 struct Run {
     workers: usize,
     workload: Duration,
     plan: Plan,
-    /// Each worker through proxies of its own (the nemesis's faults).
-    proxied: bool,
+    /// Each worker through proxies of its own (the nemesis's faults), or
+    /// through one proxy per node that all share (a Cluster's nodes
+    /// announce one address each).
+    proxied: Proxies,
     /// Grants and applied writes required per key.
     min_progress: (usize, usize),
 }
@@ -111,7 +126,7 @@ impl Run {
             workers: 4,
             workload: WORKLOAD,
             plan: Plan::processes(),
-            proxied: false,
+            proxied: Proxies::None,
             min_progress: (MIN_GRANTS_PER_KEY, MIN_APPLIED_WRITES_PER_KEY),
         }
     }
@@ -152,9 +167,18 @@ fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], run: &Run) -
         next_id: 1,
         running: Vec::new(),
         finished: Vec::new(),
-        links: run
-            .proxied
-            .then(|| Links::new(lock_servers.iter().map(RedisServer::addr).collect())),
+        links: match run.proxied {
+            Proxies::None => None,
+            Proxies::PerWorker => Some(Links::new(
+                lock_servers.iter().map(RedisServer::addr).collect(),
+            )),
+            Proxies::Shared => {
+                let links = Links::shared(lock_servers.iter().map(RedisServer::addr).collect());
+                announce_proxies(lock_servers, links.of(0));
+                Some(links)
+            }
+        },
+        cluster: run.proxied == Proxies::Shared,
         pauses: Vec::new(),
     };
     for _ in 0..run.workers {
@@ -287,6 +311,37 @@ fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], run: &Run) -
     }
 }
 
+/// Has each Cluster node announce its proxy's port (the cluster bus stays
+/// direct), and waits until every node's slot map names only those ports:
+/// clients then reach every node through its proxy.
+fn announce_proxies(nodes: &[RedisServer], proxies: &[support::fault::FaultProxy]) {
+    for (node, proxy) in nodes.iter().zip(proxies) {
+        let port = proxy.addr().port().to_string();
+        let reply = node.cmd(&["CONFIG", "SET", "cluster-announce-port", &port]);
+        assert_eq!(reply.as_string().as_deref(), Some("OK"), "{reply:?}");
+    }
+    let ports: Vec<String> = proxies
+        .iter()
+        .map(|p| p.addr().port().to_string())
+        .collect();
+    let announced = || {
+        nodes.iter().all(|n| {
+            let text = n.cmd(&["CLUSTER", "NODES"]).as_string().unwrap_or_default();
+            text.lines().count() == nodes.len()
+                && text.lines().all(|l| {
+                    // `<id> <ip>:<port>@<bus port> ...`
+                    let addr = l.split(' ').nth(1).unwrap_or("");
+                    let port = addr.split('@').next().and_then(|a| a.rsplit(':').next());
+                    port.is_some_and(|p| ports.iter().any(|q| q == p))
+                })
+        })
+    };
+    assert!(
+        support::wait_until(Duration::from_secs(20), announced),
+        "the nodes did not announce their proxies"
+    );
+}
+
 /// One Redis primary for the locks, one for the fenced resource; 4 workers.
 #[test]
 fn history_single_redis() {
@@ -310,16 +365,15 @@ fn history_redlock_3_nodes() {
 /// kills), seeded. One primary, 5 s, in `cargo test`.
 ///
 /// `NEMESIS_SECONDS=<n>` runs histories of `NEMESIS_WORKLOAD_MS` (10 s)
-/// for `n` seconds instead, alternating one primary and Redlock over 3
-/// nodes, and prints the figures. `NEMESIS_STORE=redlock` runs only
-/// Redlock (`single` only one primary); `NEMESIS_FAULTS=latency,sever`
-/// only those kinds (`Fault::name`).
+/// for `n` seconds instead, alternating one primary, Redlock over 3 nodes
+/// and a Cluster of 3 primaries, and prints the figures.
+/// `NEMESIS_STORE=redlock` runs only Redlock (`single` only one primary,
+/// `cluster` only the Cluster); `NEMESIS_FAULTS=latency,sever` only those
+/// kinds (`Fault::name`).
 #[test]
 fn history_nemesis() {
     let base = seed();
-    let kinds: Vec<Fault> = std::env::var("NEMESIS_FAULTS")
-        .map(|v| v.split(',').map(Fault::parse).collect())
-        .unwrap_or_default();
+    let kinds = nemesis_kinds();
     let store = std::env::var("NEMESIS_STORE").ok();
     let long: Option<u64> = std::env::var("NEMESIS_SECONDS")
         .ok()
@@ -339,12 +393,12 @@ fn history_nemesis() {
         workers: 4,
         workload,
         plan: Plan::nemesis(&kinds),
-        proxied: true,
+        proxied: Proxies::PerWorker,
         min_progress: ((per_second * 0.6) as usize, (per_second * 0.3) as usize),
     };
     let stores: Vec<&str> = match store.as_deref() {
         Some(s) => vec![s],
-        None if long.is_some() => vec!["single", "redlock"],
+        None if long.is_some() => vec!["single", "redlock", "cluster"],
         None => vec!["single"],
     };
     let end = Instant::now() + Duration::from_secs(long.unwrap_or(0));
@@ -364,7 +418,8 @@ fn history_nemesis() {
                 run_history("history_nemesis", seed, std::slice::from_ref(&lock), &run)
             }
             "redlock" => run_history("history_nemesis", seed, &start_independent(3), &run),
-            other => panic!("NEMESIS_STORE is single or redlock, not {other:?}"),
+            "cluster" => nemesis_on_a_cluster("history_nemesis", seed, &run),
+            other => panic!("NEMESIS_STORE is single, redlock or cluster, not {other:?}"),
         };
         histories += 1;
         total.grants += f.grants;
@@ -394,4 +449,45 @@ fn history_nemesis() {
         total.closest_lost,
         total.stalls,
     );
+}
+
+/// The fault kinds `NEMESIS_FAULTS` names (all when unset).
+fn nemesis_kinds() -> Vec<Fault> {
+    std::env::var("NEMESIS_FAULTS")
+        .map(|v| v.split(',').map(Fault::parse).collect())
+        .unwrap_or_default()
+}
+
+/// A nemesis history on a Cluster of 3 primaries whose nodes each sit
+/// behind one proxy that every worker shares (the slot map names the
+/// proxies): a fault cuts a node (or all) off from every worker, while the
+/// cluster bus stays up.
+fn nemesis_on_a_cluster(name: &str, seed: u64, run: &Run) -> Figures {
+    let cluster = support::topology::Cluster::start(3);
+    let run = Run {
+        proxied: Proxies::Shared,
+        plan: run.plan.clone(),
+        ..*run
+    };
+    run_history(name, seed, &cluster.nodes, &run)
+}
+
+/// The nemesis on a Cluster, 5 s, in `cargo test` (see
+/// [`nemesis_on_a_cluster`]; the long run: `NEMESIS_STORE=cluster` with
+/// `history_nemesis`).
+#[test]
+fn history_nemesis_cluster() {
+    let seed = seed();
+    let kinds = nemesis_kinds();
+    let per_second = NEMESIS_WORKLOAD.as_secs_f64();
+    let run = Run {
+        workers: 4,
+        workload: NEMESIS_WORKLOAD,
+        plan: Plan::nemesis(&kinds),
+        proxied: Proxies::Shared,
+        // Half of what is asked of one primary: a fault here cuts a node
+        // off from every worker at once (3-14 grants per key in 5 s).
+        min_progress: ((per_second * 0.4) as usize, (per_second * 0.2) as usize),
+    };
+    nemesis_on_a_cluster("history_nemesis_cluster", seed, &run);
 }

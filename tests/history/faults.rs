@@ -27,18 +27,23 @@ pub struct Workers {
     pub running: Vec<Worker>,
     pub finished: Vec<(u32, PathBuf, Option<ExitStatus>)>,
     /// With a nemesis: each worker reaches the lock servers through
-    /// proxies of its own.
+    /// proxies of its own (or, on a Cluster, through one proxy per node
+    /// that every worker shares).
     pub links: Option<Links>,
+    /// The lock servers are the nodes of one Redis Cluster.
+    pub cluster: bool,
     /// When workers were stopped (SIGSTOP): worker id, from, to (ns).
     pub pauses: Vec<(u32, u64, u64)>,
 }
 
 /// Each worker's own proxies, one per lock server, on a runtime of the
-/// controller's.
+/// controller's; or one set that every worker shares.
 pub struct Links {
     /// Worker id and its proxies, in lock server order. (Declared before
     /// the runtime: dropped first.)
     pub proxies: Vec<(u32, Vec<FaultProxy>)>,
+    /// The proxies every worker shares, if shared.
+    pub shared: Option<Vec<FaultProxy>>,
     pub targets: Vec<SocketAddr>,
     pub rt: tokio::runtime::Runtime,
 }
@@ -52,13 +57,30 @@ impl Links {
             .unwrap();
         Links {
             proxies: Vec::new(),
+            shared: None,
             targets,
             rt,
         }
     }
 
+    /// One proxy per server that every worker goes through: for a Cluster,
+    /// whose nodes announce one address each (the proxy's).
+    pub fn shared(targets: Vec<SocketAddr>) -> Links {
+        let mut links = Links::new(targets);
+        let proxies = links
+            .targets
+            .iter()
+            .map(|t| FaultProxy::start_on(links.rt.handle(), *t))
+            .collect();
+        links.shared = Some(proxies);
+        links
+    }
+
     /// Proxies for worker `id`; their URLs.
     fn add(&mut self, id: u32) -> Vec<String> {
+        if let Some(shared) = &self.shared {
+            return shared.iter().map(FaultProxy::url).collect();
+        }
         let proxies: Vec<FaultProxy> = self
             .targets
             .iter()
@@ -69,7 +91,10 @@ impl Links {
         urls
     }
 
-    fn of(&self, id: u32) -> &[FaultProxy] {
+    pub fn of(&self, id: u32) -> &[FaultProxy] {
+        if let Some(shared) = &self.shared {
+            return shared;
+        }
         &self
             .proxies
             .iter()
@@ -98,6 +123,7 @@ impl Workers {
             id,
             seed: self.seed,
             lock_urls,
+            cluster: self.cluster,
             resource_url: self.resource_url.clone(),
             log: log.clone(),
             deadline_ns: self.deadline_ns,

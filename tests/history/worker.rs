@@ -71,6 +71,8 @@ pub struct WorkerSpec {
     pub id: u32,
     pub seed: u64,
     pub lock_urls: Vec<String>,
+    /// The lock servers are one Redis Cluster's nodes.
+    pub cluster: bool,
     pub resource_url: String,
     pub log: PathBuf,
     pub deadline_ns: u64,
@@ -79,10 +81,11 @@ pub struct WorkerSpec {
 impl WorkerSpec {
     pub fn encode(&self) -> String {
         format!(
-            "id={};seed={};locks={};resource={};log={};deadline={}",
+            "id={};seed={};locks={};cluster={};resource={};log={};deadline={}",
             self.id,
             self.seed,
             self.lock_urls.join(","),
+            u8::from(self.cluster),
             self.resource_url,
             self.log.display(),
             self.deadline_ns
@@ -103,6 +106,7 @@ impl WorkerSpec {
             id: field("id").parse().unwrap(),
             seed: field("seed").parse().unwrap(),
             lock_urls: field("locks").split(',').map(str::to_owned).collect(),
+            cluster: field("cluster") == "1",
             resource_url: field("resource").to_owned(),
             log: PathBuf::from(field("log")),
             deadline_ns: field("deadline").parse().unwrap(),
@@ -145,7 +149,14 @@ pub async fn worker_main(spec: WorkerSpec) {
             last = now;
         }
     });
-    if spec.lock_urls.len() == 1 {
+    if spec.cluster {
+        let urls: Vec<&str> = spec.lock_urls.iter().map(String::as_str).collect();
+        let store = RedisStore::cluster_builder(&urls)
+            .command_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap();
+        worker_loop(&spec, &mut log, store).await;
+    } else if spec.lock_urls.len() == 1 {
         let store = lock_node(&spec.lock_urls[0]);
         worker_loop(&spec, &mut log, store).await;
     } else {
