@@ -5,6 +5,7 @@
 mod support;
 
 mod cluster;
+mod cluster_review;
 mod conformance;
 mod credentials;
 mod eviction;

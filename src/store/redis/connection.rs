@@ -246,7 +246,7 @@ impl RedisStore {
     /// call opens new ones (and, behind Sentinel, asks for the primary).
     pub(super) fn forget_connections(&self) {
         *lock(&self.inner.conn) = None;
-        lock(&self.inner.wait_conns).clear();
+        self.inner.wait_conns.clear();
     }
 
     /// Runs `f` on the shared connection within the command timeout.

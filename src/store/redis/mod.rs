@@ -108,7 +108,7 @@ struct Inner {
     /// Idle connections of their own for grants that `WAIT` (which blocks
     /// the connection it runs on; the shared one carries everybody's
     /// commands, renewals included).
-    wait_conns: Mutex<Vec<Conn>>,
+    wait_conns: replicas::WaitConns,
     notifier: OnceLock<Notifier>,
     eviction_check: EvictionCheck,
     /// The last `maxmemory-policy` finding logged, so that a reconnect

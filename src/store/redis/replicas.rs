@@ -16,8 +16,42 @@ use crate::store::LockStore;
 use crate::sync::lock;
 use crate::token::OwnerToken;
 
-/// Idle `WAIT` connections kept per store.
-const MAX_IDLE_WAIT_CONNS: usize = 16;
+/// `WAIT` connections per store: at most this many grants wait for
+/// replicas at once (more queue for a connection, within the command
+/// timeout), and as many are kept idle for reuse. On a Cluster each is a
+/// cluster connection: a connection to every node.
+const MAX_WAIT_CONNS: usize = 16;
+
+/// The store's connections for grants that wait for replicas.
+pub(super) struct WaitConns {
+    idle: std::sync::Mutex<Vec<Conn>>,
+    in_use: tokio::sync::Semaphore,
+}
+
+impl WaitConns {
+    pub(super) fn new() -> Self {
+        WaitConns {
+            idle: std::sync::Mutex::default(),
+            in_use: tokio::sync::Semaphore::new(MAX_WAIT_CONNS),
+        }
+    }
+
+    /// Drops the idle ones (the next grant opens a new one).
+    pub(super) fn clear(&self) {
+        lock(&self.idle).clear();
+    }
+
+    fn take(&self) -> Option<Conn> {
+        lock(&self.idle).pop()
+    }
+
+    fn put(&self, conn: Conn) {
+        let mut idle = lock(&self.idle);
+        if idle.len() < MAX_WAIT_CONNS {
+            idle.push(conn);
+        }
+    }
+}
 
 /// `WAIT numreplicas timeout` or `WAITAOF numlocal numreplicas timeout`
 /// after each grant.
@@ -126,7 +160,7 @@ impl RedisStore {
         owner: &OwnerToken,
         w: WaitReplicas,
     ) -> Result<(i64, redis::Value), Error> {
-        let (kind, value, acked) = self.grant_and_wait(call, key, w).await?;
+        let (kind, value, acked) = self.grant_and_wait(call, key, owner, w).await?;
         match acked {
             None => {}
             Some(Ok(acked)) => self.check_replicas(key, owner, w, acked).await?,
@@ -148,13 +182,21 @@ impl RedisStore {
         &self,
         call: &ScriptCall,
         key: &LockKey,
+        owner: &OwnerToken,
         w: WaitReplicas,
     ) -> Result<(i64, redis::Value, Option<Result<Acks, RedisError>>), Error> {
         let op = Operation::Acquire;
         let bound = self.inner.timeout.saturating_add(w.timeout);
+        let conns = &self.inner.wait_conns;
         let work = async {
-            let idle = lock(&self.inner.wait_conns).pop();
-            let mut conn = match idle {
+            let _in_use = conns.in_use.acquire().await.map_err(|_| {
+                Error::from_redis(
+                    op,
+                    Some(key),
+                    RedisError::from((redis::ErrorKind::Io, "the store is closing")),
+                )
+            })?;
+            let mut conn = match conns.take() {
                 Some(c) => c,
                 None => Box::pin(self.open_wait_conn(op, key, bound)).await?,
             };
@@ -163,15 +205,15 @@ impl RedisStore {
                 Error::from_redis(op, Some(key), e)
             })?;
             if kind != 1 && kind != 3 {
-                lock(&self.inner.wait_conns).push_within(conn);
+                conns.put(conn);
                 return Ok((kind, value, None));
             }
-            let acked = match self.wait_where_granted(&mut conn, w, key).await {
+            let acked = match self.wait_where_granted(&mut conn, w, key, owner).await {
                 Ok(answer) => w.acks(answer),
                 Err(e) => Err(e),
             };
             match &acked {
-                Ok(_) => lock(&self.inner.wait_conns).push_within(conn),
+                Ok(_) => conns.put(conn),
                 Err(e) => self.forget_connection_on(e),
             }
             Ok((kind, value, Some(acked)))
@@ -205,23 +247,44 @@ impl RedisStore {
 
     /// `WAIT` (or `WAITAOF`) where the grant was written: on a Cluster,
     /// the primary of the lock's slot, over the same node connection (the
-    /// command counts that connection's writes).
+    /// command counts that connection's writes). There the lock must be
+    /// ours first: while the slot migrates, a free lock is granted on the
+    /// node importing it (after `ASK`), and a `WAIT` on the slot's owner
+    /// would count writes that connection never made there and pass at
+    /// once. Such a grant is not confirmed (the caller takes it back).
     async fn wait_where_granted(
         &self,
         conn: &mut Conn,
         w: WaitReplicas,
         key: &LockKey,
+        owner: &OwnerToken,
     ) -> redis::RedisResult<redis::Value> {
         #[cfg(not(feature = "cluster"))]
-        let _ = key;
+        let _ = (key, owner);
         match conn {
             Conn::Single(c) => w.command().query_async(c).await,
             #[cfg(feature = "cluster")]
             Conn::Cluster(c) => {
                 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
                 // Every name of the lock shares its hash tag, and so its slot.
+                let lock_name = self.name(key, super::keys::LOCK);
                 let slot = Route::with_key(self.fence_key(key), SlotAddr::Master);
                 let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(slot));
+                // Read on that node itself: no key declared, so no
+                // redirect (a name that is elsewhere reads as absent).
+                let mut here = redis::cmd("EVAL");
+                here.arg("return redis.call('GET', ARGV[1])")
+                    .arg(0)
+                    .arg(lock_name);
+                let holder: Option<String> =
+                    redis::from_redis_value(c.route_command(here, to.clone()).await?)?;
+                if holder.as_deref() != Some(owner.as_str()) {
+                    return Err(RedisError::from((
+                        redis::ErrorKind::Client,
+                        "the grant is not on its slot's primary (the slot is migrating): \
+                         its replicas cannot be asked",
+                    )));
+                }
                 c.route_command(w.command(), to).await
             }
         }
@@ -269,19 +332,6 @@ impl RedisStore {
                     .into(),
                 })
             }
-        }
-    }
-}
-
-/// Idle wait connections, kept up to [`MAX_IDLE_WAIT_CONNS`].
-trait PushWithin {
-    fn push_within(&mut self, conn: Conn);
-}
-
-impl PushWithin for Vec<Conn> {
-    fn push_within(&mut self, conn: Conn) {
-        if self.len() < MAX_IDLE_WAIT_CONNS {
-            self.push(conn);
         }
     }
 }

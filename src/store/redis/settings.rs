@@ -138,7 +138,7 @@ impl RedisStore {
                 timeout: s.command_timeout,
                 pubsub,
                 wait_replicas: s.wait_replicas,
-                wait_conns: Mutex::default(),
+                wait_conns: super::replicas::WaitConns::new(),
                 notifier: OnceLock::new(),
                 eviction_check: s.eviction_check,
                 eviction_reported: Mutex::default(),
@@ -262,8 +262,12 @@ impl RedisStoreBuilder {
     /// other commands of the store, renewals included, never queue behind
     /// it. On a cluster store, the grant and its `WAIT` go over a cluster
     /// connection of their own, and the `WAIT` to the primary of the
-    /// lock's slot: `replicas` counts that primary's replicas. At least one
-    /// replica; the timeout above 0 and below the command timeout.
+    /// lock's slot: `replicas` counts that primary's replicas (while the
+    /// slot migrates, a grant made on the node importing it cannot be
+    /// confirmed there, and is refused and taken back). At most 16 grants
+    /// wait at once per store; more queue for a connection within the
+    /// command timeout. At least one replica; the timeout above 0 and below
+    /// the command timeout.
     pub fn wait_replicas(
         mut self,
         replicas: u32,

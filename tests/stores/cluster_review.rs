@@ -1,0 +1,216 @@
+//! Hostile-review findings on `wait_replicas` on a Cluster, written to
+//! fail on the code they were found in.
+//!
+//! The grant runs by key (the cluster client follows an `ASK` redirect
+//! while its slot migrates) but its `WAIT` is routed by the client's slot
+//! map to the slot's owner. During a migration a grant of a new lock is
+//! written on the importing node while `WAIT` asks the migrating one,
+//! which counts writes that connection never made there and answers at
+//! once: the grant is reported confirmed by a replica that never got it.
+
+use crate::support;
+
+use support::stores::redis_name;
+use support::topology::{Cluster, Role, role};
+
+use std::time::Duration;
+
+use tower_redis_lock::{Error, LockKey, Locker, RedisStore, ReplicaShortfall};
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// The replica of primary `p` in `cluster`.
+fn replica_of(cluster: &Cluster, p: usize) -> usize {
+    let port = cluster.nodes[p].port();
+    cluster
+        .replica_indices()
+        .into_iter()
+        .find(|&r| matches!(role(&cluster.nodes[r]), Ok(Role::Replica { master_port, .. }) if master_port == port))
+        .expect("a replica of the primary")
+}
+
+fn linked(cluster: &Cluster, r: usize) -> bool {
+    matches!(role(&cluster.nodes[r]), Ok(Role::Replica { state, .. }) if state == "connected")
+}
+
+fn setslot(cluster: &Cluster, node: usize, slot: u16, args: &[&str]) {
+    let slot = slot.to_string();
+    let mut all = vec!["CLUSTER", "SETSLOT", &slot];
+    all.extend_from_slice(args);
+    let reply = cluster.nodes[node].cmd(&all);
+    assert_eq!(
+        reply.as_string().as_deref(),
+        Some("OK"),
+        "{all:?}: {reply:?}"
+    );
+}
+
+/// A grant of a new lock in a migrating slot lands on the importing
+/// primary (ASK), whose only replica is frozen: `wait_replicas(1, …)` with
+/// `ReplicaShortfall::Fail` must refuse it. It is answered as confirmed:
+/// the `WAIT` went to the migrating primary, whose replica is linked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_a_grant_redirected_by_ask_is_confirmed_where_it_was_written() {
+    let cluster = Cluster::start_with_replicas(
+        3,
+        1,
+        &[
+            "--cluster-require-full-coverage",
+            "no",
+            "--repl-diskless-sync-delay",
+            "0",
+        ],
+    );
+    let replicas = cluster.replica_indices();
+    let primaries: Vec<usize> = (0..cluster.nodes.len())
+        .filter(|i| !replicas.contains(i))
+        .collect();
+    let (from, to) = (primaries[0], primaries[1]);
+    let (from_replica, to_replica) = (replica_of(&cluster, from), replica_of(&cluster, to));
+    assert!(support::wait_until(LIMIT, || linked(
+        &cluster,
+        from_replica
+    ) && linked(
+        &cluster, to_replica
+    )));
+
+    // A lock nobody has used (nothing of its slot's names exists): its
+    // grant in the migrating slot is redirected by ASK to `to`.
+    let id = (0..1_000_000)
+        .map(|n| format!("ask-{n}"))
+        .find(|id| {
+            cluster.node_for_slot(cluster.slot_of(&redis_name("askwait", id, "lock"))) == from
+        })
+        .unwrap();
+    let slot = cluster.slot_of(&redis_name("askwait", &id, "lock"));
+
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let store = RedisStore::cluster_builder(&urls)
+        .command_timeout(Duration::from_secs(3))
+        .wait_replicas(1, Duration::from_millis(300), ReplicaShortfall::Fail)
+        .build()
+        .unwrap();
+    let l = Locker::new(store);
+    // The store's slot map read before the move (as a long-lived one has).
+    let warm = LockKey::new("askwait", "warm").unwrap();
+    drop(l.try_acquire(&warm).await);
+
+    let ids = cluster.node_ids();
+    setslot(&cluster, to, slot, &["IMPORTING", &ids[from]]);
+    setslot(&cluster, from, slot, &["MIGRATING", &ids[to]]);
+    // Several fresh locks of the slot, each tried once (one try was
+    // answered as confirmed in about three runs of four).
+    let fresh: Vec<String> = (0..1_000_000)
+        .map(|n| format!("ask-more-{n}"))
+        .filter(|id| cluster.slot_of(&redis_name("askwait", id, "lock")) == slot)
+        .take(5)
+        .collect();
+    cluster.nodes[to_replica].freeze();
+    let mut confirmed = Vec::new();
+    for id in std::iter::once(&id).chain(&fresh) {
+        let lock = redis_name("askwait", id, "lock");
+        match l.try_acquire(&LockKey::new("askwait", id).unwrap()).await {
+            Err(Error::Unavailable { .. }) => {}
+            Ok(g) => confirmed.push((id.clone(), cluster.nodes[to].keys().contains(&lock), g)),
+            Err(e) => panic!("unexpected: {e:?}"),
+        }
+    }
+    cluster.nodes[to_replica].thaw();
+    assert!(
+        confirmed.is_empty(),
+        "grants written on the importing primary (id, lock there) were answered as confirmed \
+         while that primary's only replica was frozen: {:?}",
+        confirmed
+            .iter()
+            .map(|(id, there, _)| (id, there))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// `total_connections_received` of `INFO stats` on `node`.
+fn connections_received(cluster: &Cluster, node: usize) -> u64 {
+    let info = cluster.nodes[node]
+        .cmd(&["INFO", "stats"])
+        .as_string()
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+/// A burst of grants that wait for a slow replica: each one that finds no
+/// idle wait connection opens a whole cluster connection of its own (a
+/// connection to every primary, after a slot-map read), with no bound but
+/// the burst's size. Expected: at most as many wait connections as the
+/// store keeps idle (16), whatever the burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_a_burst_of_grants_opens_a_bounded_number_of_connections() {
+    const BURST: usize = 64;
+    let cluster = Cluster::start_with_replicas(
+        3,
+        1,
+        &[
+            "--cluster-require-full-coverage",
+            "no",
+            "--repl-diskless-sync-delay",
+            "0",
+        ],
+    );
+    let replicas = cluster.replica_indices();
+    let primary = (0..cluster.nodes.len())
+        .find(|i| !replicas.contains(i))
+        .unwrap();
+    let replica = replica_of(&cluster, primary);
+    assert!(support::wait_until(LIMIT, || linked(&cluster, replica)));
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let store = RedisStore::cluster_builder(&urls)
+        .command_timeout(Duration::from_secs(5))
+        .wait_replicas(1, Duration::from_millis(500), ReplicaShortfall::Proceed)
+        .build()
+        .unwrap();
+    let l = Locker::new(store);
+    let ids: Vec<String> = (0..1_000_000)
+        .map(|n| format!("burst-{n}"))
+        .filter(|id| {
+            cluster.node_for_slot(cluster.slot_of(&redis_name("burst", id, "lock"))) == primary
+        })
+        .take(BURST + 1)
+        .collect();
+    drop(
+        l.try_acquire(&LockKey::new("burst", &ids[BURST]).unwrap())
+            .await
+            .unwrap(),
+    );
+
+    let before: Vec<u64> = (0..cluster.nodes.len())
+        .map(|n| connections_received(&cluster, n))
+        .collect();
+    cluster.nodes[replica].freeze();
+    let grants: Vec<_> = ids[..BURST]
+        .iter()
+        .map(|id| {
+            let (l, k) = (l.clone(), LockKey::new("burst", id).unwrap());
+            tokio::spawn(async move { l.try_acquire(&k).await })
+        })
+        .collect();
+    let mut held = Vec::new();
+    for g in grants {
+        held.push(g.await.unwrap().unwrap());
+    }
+    cluster.nodes[replica].thaw();
+    let opened: Vec<u64> = (0..cluster.nodes.len())
+        .map(|n| connections_received(&cluster, n) - before[n])
+        .collect();
+    eprintln!(
+        "connections opened per node during a burst of {BURST}: {opened:?} (primary {primary}, replica {replica})"
+    );
+    assert!(
+        opened[primary] <= 2 * 16,
+        "a burst of {BURST} grants opened {} connections to their primary ({opened:?} per node)",
+        opened[primary]
+    );
+    drop(held);
+}
