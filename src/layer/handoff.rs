@@ -79,9 +79,8 @@ impl Slot {
 ///   fingerprint, so a different payload still gets 422);
 /// * [`release`](HandOff::release): nothing stored, the next delivery
 ///   runs the handler again;
-/// * [`export`](HandOff::export) (feature `serde`): to a worker in another
-///   process, which resumes it with
-///   [`ExportedHandOff::resume`](crate::ExportedHandOff::resume).
+/// * `export` (feature `serde`): to a worker in another process, which
+///   resumes it with `ExportedHandOff::resume`.
 ///
 /// Extracting it is what hands the lock off: from then on the layer
 /// neither releases the lock when the response ends nor stores the
@@ -230,7 +229,7 @@ impl HandOff {
     }
 
     /// Gives the lock up here, unreleased, for a worker in another process
-    /// ([`ExportedHandOff::resume`](crate::ExportedHandOff::resume)): the lease as
+    /// (`ExportedHandOff::resume`): the lease as
     /// [`LockGuard::export`] gives it, and what the worker needs to store
     /// the final record as this layer would. Until the worker resumes it,
     /// nobody renews the lock: it lapses at its lease if the worker never
