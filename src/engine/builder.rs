@@ -7,6 +7,11 @@ use super::options::Options;
 use crate::error::ConfigError;
 use crate::store::LockStore;
 
+/// The shortest lease a locker takes (and an exported lease may carry).
+pub(crate) const MIN_LEASE: Duration = Duration::from_millis(10);
+/// The longest.
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(86_400);
+
 /// Builds a [`Locker`]; settings are checked in [`build`](LockerBuilder::build).
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` is called"]
@@ -67,10 +72,10 @@ impl<S: LockStore> LockerBuilder<S> {
     /// Checks the settings.
     pub fn build(self) -> Result<Locker<S>, ConfigError> {
         let o = &self.opts;
-        if o.lease < Duration::from_millis(10) {
+        if o.lease < MIN_LEASE {
             return Err(ConfigError::new("lease", "must be at least 10 ms"));
         }
-        if o.lease > Duration::from_secs(86_400) {
+        if o.lease > MAX_LEASE {
             return Err(ConfigError::new("lease", "must be at most 24 h"));
         }
         if let Some(cap) = o.max_hold

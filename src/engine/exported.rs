@@ -109,6 +109,7 @@ mod wire {
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     use super::ExportedLease;
+    use crate::engine::builder::{MAX_LEASE, MIN_LEASE};
     use crate::key::LockKey;
     use crate::token::{FencingToken, OwnerToken, Unfenced};
 
@@ -145,14 +146,18 @@ mod wire {
             let key = LockKey::from_stored(&w.key).map_err(|e| e.to_string())?;
             let owner = OwnerToken::from_hex(&w.owner)
                 .ok_or("an owner token is 32 lowercase hex digits")?;
-            if w.lease_ms == 0 {
-                return Err("a lease of 0 ms".to_owned());
+            let lease = Duration::from_millis(w.lease_ms);
+            if !(MIN_LEASE..=MAX_LEASE).contains(&lease) {
+                return Err(format!(
+                    "a lease of {} ms (a locker takes 10 ms to 24 h)",
+                    w.lease_ms
+                ));
             }
             Ok(ExportedLease {
                 key,
                 owner,
                 token: w.fencing_token.ok_or(Unfenced),
-                lease: Duration::from_millis(w.lease_ms),
+                lease,
                 deadline: UNIX_EPOCH
                     .checked_add(Duration::from_millis(w.deadline_ms))
                     .unwrap_or(SystemTime::UNIX_EPOCH),

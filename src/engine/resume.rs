@@ -14,7 +14,7 @@ use super::pending::Ending;
 use crate::error::{ConfigError, Error};
 use crate::store::LockStore;
 use crate::time::drift;
-use crate::token::FencingToken;
+use crate::token::{FencingToken, OwnerToken};
 
 impl<S: LockStore> Locker<S> {
     /// Goes on holding a lock another guard [exported](LockGuard::export)
@@ -26,9 +26,13 @@ impl<S: LockStore> Locker<S> {
     /// guard of the original grant, with its fencing token (like
     /// redis-semaphore's `acquiredExternally`).
     ///
-    /// A lease that already lapsed, or that another holder has taken
-    /// since, is [`Error::LockLost`], never a guard that does not hold
-    /// the lock: the answer is the store's. A store that does not answer
+    /// The lock is taken up under an owner token of this guard's own, in
+    /// one owner-checked step ([`LockStore::transfer`]): the exported token
+    /// stops working, so an export is taken up once. A lease that already
+    /// lapsed, that another holder has taken since, or that was resumed
+    /// already (a job queue that delivers twice) is [`Error::LockLost`],
+    /// never a guard that does not hold the lock: the answer is the
+    /// store's. A store that does not answer
     /// is its error ([`Error::Unavailable`]); the lock is then left to its
     /// lease, so a retry of `resume` can still find it. A resume whose
     /// future is dropped after the store renewed it leaves the lock to
@@ -53,8 +57,21 @@ impl<S: LockStore> Locker<S> {
         let o = &self.inner.opts;
         let started = Instant::now();
         let first = o.max_hold.map_or(length, |cap| length.min(cap));
-        if !self.inner.store.extend(&key, &owner, first).await? {
-            tracing::debug!(key = %key, "resume refused: the exported lease lapsed or was taken over");
+        // Taken up under an owner token of its own, in one owner-checked
+        // step: the exported token stops working, so a second resume of the
+        // same export (a job delivered twice) finds the lock gone.
+        let exported = owner;
+        let owner = OwnerToken::generate();
+        if !self
+            .inner
+            .store
+            .transfer(&key, &exported, &owner, first)
+            .await?
+        {
+            tracing::debug!(
+                key = %key,
+                "resume refused: the exported lease lapsed, was taken over or was resumed already"
+            );
             return Err(Error::LockLost { key });
         }
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);

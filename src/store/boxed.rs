@@ -158,6 +158,16 @@ impl LockStore for BoxStore {
         self.inner.release_boxed(key, owner).await
     }
 
+    async fn transfer(
+        &self,
+        key: &LockKey,
+        from: &OwnerToken,
+        to: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        self.inner.transfer_boxed(key, from, to, lease).await
+    }
+
     async fn acquire_or_replay(
         &self,
         key: &LockKey,
@@ -217,6 +227,14 @@ trait DynLockStore: Send + Sync + 'static {
         &'a self,
         key: &'a LockKey,
         owner: &'a OwnerToken,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    fn transfer_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        from: &'a OwnerToken,
+        to: &'a OwnerToken,
+        lease: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>>;
 
     fn acquire_or_replay_boxed<'a>(
@@ -279,6 +297,16 @@ impl<S: LockStore> DynLockStore for S {
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(LockStore::release(self, key, owner))
+    }
+
+    fn transfer_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        from: &'a OwnerToken,
+        to: &'a OwnerToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(LockStore::transfer(self, key, from, to, lease))
     }
 
     fn acquire_or_replay_boxed<'a>(

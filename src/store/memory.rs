@@ -375,6 +375,25 @@ impl LockStore for MemoryStore {
         }
     }
 
+    async fn transfer(
+        &self,
+        key: &LockKey,
+        from: &OwnerToken,
+        to: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        let now = Instant::now();
+        let mut st = self.lock_for(Operation::Extend, key)?;
+        match st.live(key, now) {
+            Some(h) if h.owner == *from => {
+                h.owner = to.clone();
+                h.expires = far_add(now, lease);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
         let now = Instant::now();
         Ok(self

@@ -11,6 +11,7 @@
 //! | [`extend`](LockStore::extend) | reset the lease to `lease` if we still own it |
 //! | [`extend_many`](LockStore::extend_many) | the same for a batch (pipelined where the backend can) |
 //! | [`release`](LockStore::release) | delete if we still own it, and wake waiters |
+//! | [`transfer`](LockStore::transfer) | hand the lock to another owner token if we still own it (for `Locker::resume`) |
 //! | [`subscribe`](LockStore::subscribe) | a [`ReleaseWatch`] that fires on the next release of a key |
 //! | [`acquire_or_replay`](LockStore::acquire_or_replay) | as `acquire`, but answer the completed record instead if there is one |
 //! | [`finish`](LockStore::finish) | store a completed record and release, as one owner-checked step |
@@ -119,6 +120,31 @@ pub trait LockStore: Send + Sync + 'static {
                 out.push(self.extend(&r.key, &r.owner, r.lease).await);
             }
             out
+        }
+    }
+
+    /// Hands `key` from owner `from` to owner `to`, for `lease` counted
+    /// from now, if `from` holds it: one owner-checked step, so that of
+    /// callers that all hand the same `from` over, at most one succeeds.
+    /// `Ok(false)` means `from` no longer holds it (lapsed, released,
+    /// taken by someone else, or handed over already).
+    /// [`Locker::resume`](crate::Locker::resume) takes an exported lease up
+    /// with it, so that an export is taken up once. The default answers
+    /// [`Error::Config`]: a store of your own implements it to support
+    /// `resume`.
+    fn transfer(
+        &self,
+        key: &LockKey,
+        from: &OwnerToken,
+        to: &OwnerToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        let _ = (key, from, to, lease);
+        async {
+            Err(Error::Config(crate::error::ConfigError::new(
+                "store",
+                "this store does not implement LockStore::transfer, which Locker::resume needs",
+            )))
         }
     }
 

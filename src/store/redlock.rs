@@ -276,6 +276,25 @@ impl LockStore for RedlockStore {
         self.verdict(Operation::Extend, key, yes, no)
     }
 
+    /// On every node at once, each node's step owner-checked: of two
+    /// callers handing the same owner over, at most one gets a quorum.
+    async fn transfer(
+        &self,
+        key: &LockKey,
+        from: &OwnerToken,
+        to: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        let (k, f, t) = (key.clone(), from.clone(), to.clone());
+        let (yes, no) = self
+            .at_quorum(move |node| {
+                let (k, f, t) = (k.clone(), f.clone(), t.clone());
+                async move { node.transfer(&k, &f, &t, lease).await }
+            })
+            .await;
+        self.verdict(Operation::Extend, key, yes, no)
+    }
+
     async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
         // Decided once every renewal of the batch is (a quorum of yes, or
         // refusals leaving none possible); the other nodes renew in the

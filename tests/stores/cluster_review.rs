@@ -214,3 +214,99 @@ async fn with_wait_a_burst_of_grants_opens_a_bounded_number_of_connections() {
     );
     drop(held);
 }
+
+/// After a frozen primary's replica takes over, grants that wait for
+/// replicas follow it as the store's other calls do (within a few
+/// command timeouts). A command timeout on a Cluster now only re-reads
+/// the shared connection's slot map: the idle wait connections (up to 16)
+/// keep the old map, and each grant that takes one waits its whole bound
+/// on the frozen node and fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_grants_follow_a_takeover_from_a_frozen_primary() {
+    let cluster = Cluster::start_with_replicas(
+        3,
+        1,
+        &[
+            "--cluster-require-full-coverage",
+            "no",
+            "--repl-diskless-sync-delay",
+            "0",
+            "--cluster-replica-validity-factor",
+            "0",
+        ],
+    );
+    let replicas = cluster.replica_indices();
+    let primary = (0..cluster.nodes.len())
+        .find(|i| !replicas.contains(i))
+        .unwrap();
+    let replica = replica_of(&cluster, primary);
+    assert!(support::wait_until(LIMIT, || linked(&cluster, replica)));
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let store = RedisStore::cluster_builder(&urls)
+        .command_timeout(Duration::from_millis(500))
+        .wait_replicas(1, Duration::from_millis(200), ReplicaShortfall::Proceed)
+        .build()
+        .unwrap();
+    let l = Locker::new(store);
+    let ids: Vec<String> = (0..1_000_000)
+        .map(|n| format!("pool-{n}"))
+        .filter(|id| {
+            cluster.node_for_slot(cluster.slot_of(&redis_name("pool", id, "lock"))) == primary
+        })
+        .take(200)
+        .collect();
+    let k = |i: usize| LockKey::new("pool", &ids[i]).unwrap();
+    // Sixteen wait connections in the pool: a burst of grants at once.
+    let burst: Vec<_> = (0..16)
+        .map(|i| {
+            let (l, k) = (l.clone(), k(i));
+            tokio::spawn(async move { l.try_acquire(&k).await.unwrap().release().await })
+        })
+        .collect();
+    for b in burst {
+        b.await.unwrap().unwrap();
+    }
+
+    cluster.nodes[primary].freeze();
+    let port = cluster.nodes[replica].port();
+    let took_over = || {
+        (0..cluster.nodes.len()).filter(|&i| i != primary).all(|i| {
+            cluster.owner_port_per(i, cluster.slot_of(&redis_name("pool", &ids[0], "lock")))
+                == Ok(port)
+        })
+    };
+    assert!(
+        support::wait_until(Duration::from_secs(30), took_over),
+        "no takeover\n{}",
+        cluster.diagnostics()
+    );
+    // One grant after another: once one is granted on the new primary,
+    // the rest are too.
+    let start = std::time::Instant::now();
+    let mut failures = Vec::new();
+    let mut first_ok = None;
+    for i in 16..48 {
+        match l.try_acquire(&k(i)).await {
+            Ok(g) => {
+                first_ok.get_or_insert(i);
+                let _ = g.release().await;
+            }
+            Err(e) => failures.push((i, first_ok.is_some(), e.to_string())),
+        }
+    }
+    cluster.nodes[primary].thaw();
+    let after_first: Vec<_> = failures.iter().filter(|(_, after, _)| *after).collect();
+    assert!(
+        first_ok.is_some() && after_first.is_empty() && failures.len() <= 3,
+        "after the takeover, {} of 32 grants failed ({} after one had been granted), in {:?}: {:?}",
+        failures.len(),
+        after_first.len(),
+        start.elapsed(),
+        failures
+            .iter()
+            .map(|(i, _, e)| format!("{i}: {e}"))
+            .take(4)
+            .collect::<Vec<_>>()
+    );
+}

@@ -10,6 +10,7 @@ mod conformance;
 mod credentials;
 mod eviction;
 mod handoff;
+mod handoff_review;
 mod network_faults;
 mod noscript;
 mod pubsub_leak;

@@ -143,10 +143,18 @@ impl RedisStore {
         if self.inner.rereading.swap(true, Ordering::AcqRel) {
             return;
         }
-        let store = self.clone();
+        /// Lowers the flag however the read ends (its task dropped with
+        /// its runtime included), so that a later timeout reads again.
+        struct Done(RedisStore);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                self.0.inner.rereading.store(false, Ordering::Release);
+            }
+        }
+        let done = Done(self.clone());
         tokio::spawn(async move {
-            store.refresh_slot_map().await;
-            store.inner.rereading.store(false, Ordering::Release);
+            done.0.refresh_slot_map().await;
+            drop(done);
         });
     }
 

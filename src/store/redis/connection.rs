@@ -308,6 +308,9 @@ impl RedisStore {
                 if opened.is_some_and(|at| at.elapsed() >= self.inner.timeout) {
                     #[cfg(feature = "cluster")]
                     if self.inner.source.is_cluster() {
+                        // The idle connections of grants that wait for
+                        // replicas have slot maps of their own, as old.
+                        self.inner.wait_conns.clear();
                         self.reread_slot_map();
                         return Err(timeout_error(op, key, bound));
                     }

@@ -245,6 +245,30 @@ impl LockStore for RedisStore {
         Ok(n == 1)
     }
 
+    async fn transfer(
+        &self,
+        key: &LockKey,
+        from: &OwnerToken,
+        to: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        let call = ScriptCall::new(
+            &scripts::TRANSFER,
+            &[self.name(key, LOCK)],
+            &[
+                Argv::Str(from.as_str()),
+                Argv::Str(to.as_str()),
+                Argv::Int(ms(lease)),
+            ],
+        );
+        let n: i64 = self
+            .with_conn(Operation::Extend, Some(key), |mut c| async move {
+                call.invoke(&mut c).await
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
     async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
         if renewals.is_empty() {
             return Vec::new();

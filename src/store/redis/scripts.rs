@@ -31,6 +31,8 @@ pub(super) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUI
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_SRC));
 pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SRC));
 static FINISH: LazyLock<Script> = LazyLock::new(|| Script::new(FINISH_SRC));
+pub(super) const TRANSFER_SRC: &str = include_str!("scripts/transfer.lua");
+pub(super) static TRANSFER: LazyLock<Script> = LazyLock::new(|| Script::new(TRANSFER_SRC));
 const RAISE_FENCE_SRC: &str = include_str!("scripts/raise_fence.lua");
 const ROLLBACK_SRC: &str = include_str!("scripts/rollback.lua");
 static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_SRC));
@@ -39,9 +41,10 @@ static ROLLBACK: LazyLock<Script> = LazyLock::new(|| Script::new(ROLLBACK_SRC));
 /// The source of one of the scripts above (for loading it where a call
 /// goes; redis-rs keeps a `Script`'s code to itself).
 pub(super) fn source_of(script: &Script) -> &'static str {
-    let scripts: [(&Script, &'static str); 6] = [
+    let scripts: [(&Script, &'static str); 7] = [
         (&ACQUIRE, ACQUIRE_SRC),
         (&EXTEND, EXTEND_SRC),
+        (&TRANSFER, TRANSFER_SRC),
         (&RELEASE, RELEASE_SRC),
         (&FINISH, FINISH_SRC),
         (&RAISE_FENCE, RAISE_FENCE_SRC),
