@@ -18,6 +18,7 @@
 //! | `options.rs` | a locker's settings and their defaults |
 //! | `builder.rs` | [`LockerBuilder`]: settings checked once |
 //! | `wait.rs` | the wait loop and one try at the store |
+//! | `semaphore.rs` | [`Semaphore`]: a key's permits, taken through the wait loop |
 
 mod builder;
 mod guard;
@@ -29,6 +30,7 @@ mod options;
 mod pending;
 mod queue;
 mod reentry;
+mod semaphore;
 #[cfg(test)]
 mod test_support;
 mod wait;
@@ -38,3 +40,4 @@ pub use builder::LockerBuilder;
 pub use guard::LockGuard;
 pub(crate) use lease::Lease;
 pub use locker::{Acquired, Locker, Status};
+pub use semaphore::Semaphore;
