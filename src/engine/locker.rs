@@ -269,14 +269,15 @@ impl<S: LockStore> Locker<S> {
         self.inner.store.instance_id()
     }
 
-    /// Whether a task of this locker is waiting for `key` right now.
+    /// Whether a task of this locker is waiting for `key` (its lock, or a
+    /// permit of its [`Semaphore`](crate::Semaphore)) right now.
     ///
     /// A test hook (feature `test-util`): tests wait for a waiter to be
     /// queued.
     #[cfg(any(test, feature = "test-util"))]
     #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn has_waiters(&self, key: &LockKey) -> bool {
-        self.inner.queues.has_waiters(key)
+        self.inner.queues.has_waiters(key) || self.inner.permit_queues.has_waiters(key)
     }
 
     /// The watchdog of `runtime` (the caller's): one renewal task per

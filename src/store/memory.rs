@@ -131,6 +131,17 @@ impl MemoryStore {
         n
     }
 
+    /// Whether a waiter is subscribed to `key`'s release notifications
+    /// (tests wait for this before they release).
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn is_watched(&self, key: &LockKey) -> bool {
+        self.lock()
+            .watchers
+            .get(key)
+            .is_some_and(|tx| tx.receiver_count() > 0)
+    }
+
     /// How many keys the store keeps any state for (locks, permits,
     /// records, release channels), expired entries included until they
     /// are swept: what a flood of distinct keys leaves behind.

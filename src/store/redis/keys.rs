@@ -136,6 +136,15 @@ impl RedisStore {
         self.name(key, PERMITS).to_string()
     }
 
+    /// The Redis key that marks `key`'s semaphore as waited-for (set by a
+    /// permit acquire that finds none free; a permit release publishes only
+    /// then). A test hook, not part of the stable API.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn permits_waited_key(&self, key: &LockKey) -> String {
+        self.name(key, PERMITS_WAITED).to_string()
+    }
+
     /// The Redis key that holds the fencing counter of `key`'s bucket (shared
     /// with the other ids of the bucket: see the store's key layout).
     pub fn fence_key(&self, key: &LockKey) -> String {
