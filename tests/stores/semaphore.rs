@@ -73,15 +73,23 @@ macro_rules! semaphore_suite {
                 let (store, _keep) = $fixture;
                 let k = key("crashed");
                 let lease = Duration::from_millis(600);
+                // A longer permit beside it: the crashed one must come back
+                // on its own, while the key stays held.
+                let long = OwnerToken::generate();
+                let granted = store
+                    .acquire_permit(&k, &long, 2, Duration::from_secs(20))
+                    .await
+                    .unwrap();
+                assert!(matches!(granted, AcquireOutcome::Granted(_)), "{granted:?}");
                 let start = Instant::now();
                 let crashed = OwnerToken::generate();
-                let granted = store.acquire_permit(&k, &crashed, 1, lease).await.unwrap();
+                let granted = store.acquire_permit(&k, &crashed, 2, lease).await.unwrap();
                 assert!(matches!(granted, AcquireOutcome::Granted(_)), "{granted:?}");
                 let other = OwnerToken::generate();
                 let mut seen_held = false;
                 let came_back = loop {
                     match store
-                        .acquire_permit(&k, &other, 1, Duration::from_secs(10))
+                        .acquire_permit(&k, &other, 2, Duration::from_secs(10))
                         .await
                         .unwrap()
                     {
@@ -103,6 +111,7 @@ macro_rules! semaphore_suite {
                 );
                 assert!(came_back < lease * 3, "came back only after {came_back:?}");
                 assert!(store.release_permit(&k, &other).await.unwrap());
+                assert!(store.release_permit(&k, &long).await.unwrap());
             }
 
             /// Two lockers, as two processes: the waiter's locker polls
@@ -134,6 +143,36 @@ macro_rules! semaphore_suite {
                 let took = at - released;
                 assert!(took < Duration::from_secs(1), "woken {took:?} after the release");
                 got.release().await.unwrap();
+            }
+
+            /// Waiters of one locker each get a permit as one is freed: a
+            /// permit held by a task of this process does not mean none is
+            /// free (the lock's "held here, ask nobody" shortcut must not
+            /// apply). The locker polls once an hour.
+            #[tokio::test]
+            async fn local_waiters_each_get_a_freed_permit() {
+                let (store, _keep) = $fixture;
+                let l = stores::woken_only_by_notification(store);
+                let k = key("local-waiters");
+                let sem = l.semaphore(&k, 2).unwrap();
+                let (g1, g2) = (sem.try_acquire().await.unwrap(), sem.try_acquire().await.unwrap());
+                let spawn_waiter = || {
+                    let sem = sem.clone();
+                    tokio::spawn(async move { sem.acquire().await.unwrap() })
+                };
+                let (w1, w2) = (spawn_waiter(), spawn_waiter());
+                assert!(eventually(Duration::from_secs(5), async || l.has_waiters(&k)).await);
+                g1.release().await.unwrap();
+                let got1 = tokio::time::timeout(Duration::from_secs(5), w1)
+                    .await
+                    .expect("the first waiter got no permit")
+                    .unwrap();
+                g2.release().await.unwrap();
+                let got2 = tokio::time::timeout(Duration::from_secs(5), w2)
+                    .await
+                    .expect("the second waiter got no permit while one was free")
+                    .unwrap();
+                assert!(got1.is_held() && got2.is_held());
             }
 
             /// Tokens of permits and of the key's lock come from one
