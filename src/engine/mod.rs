@@ -41,3 +41,5 @@ pub use guard::LockGuard;
 pub(crate) use lease::Lease;
 pub use locker::{Acquired, Locker, Status};
 pub use semaphore::Semaphore;
+#[cfg_attr(not(feature = "axum"), allow(unused_imports))]
+pub(crate) use semaphore::check_permits;

@@ -123,7 +123,12 @@ macro_rules! semaphore_suite {
                 let holder = locker(store.clone(), 10_000, 0);
                 let waiter = stores::woken_only_by_notification(store);
                 let k = key("woken");
-                let g = holder.semaphore(&k, 1).unwrap().try_acquire().await.unwrap();
+                let g = holder
+                    .semaphore(&k, 1)
+                    .unwrap()
+                    .try_acquire()
+                    .await
+                    .unwrap();
                 let sem = waiter.semaphore(&k, 1).unwrap();
                 let waiting = tokio::spawn(async move {
                     let g = sem.acquire().await;
@@ -141,7 +146,10 @@ macro_rules! semaphore_suite {
                     .unwrap();
                 let got = got.unwrap();
                 let took = at - released;
-                assert!(took < Duration::from_secs(1), "woken {took:?} after the release");
+                assert!(
+                    took < Duration::from_secs(1),
+                    "woken {took:?} after the release"
+                );
                 got.release().await.unwrap();
             }
 
@@ -155,7 +163,10 @@ macro_rules! semaphore_suite {
                 let l = stores::woken_only_by_notification(store);
                 let k = key("local-waiters");
                 let sem = l.semaphore(&k, 2).unwrap();
-                let (g1, g2) = (sem.try_acquire().await.unwrap(), sem.try_acquire().await.unwrap());
+                let (g1, g2) = (
+                    sem.try_acquire().await.unwrap(),
+                    sem.try_acquire().await.unwrap(),
+                );
                 let spawn_waiter = || {
                     let sem = sem.clone();
                     tokio::spawn(async move { sem.acquire().await.unwrap() })
@@ -188,7 +199,10 @@ macro_rules! semaphore_suite {
                 for round in 0..15 {
                     let a = sem.try_acquire().await.unwrap();
                     let b = sem.try_acquire().await.unwrap();
-                    let (ta, tb) = (a.fencing_token().unwrap().get(), b.fencing_token().unwrap().get());
+                    let (ta, tb) = (
+                        a.fencing_token().unwrap().get(),
+                        b.fencing_token().unwrap().get(),
+                    );
                     assert!(ta > last && tb > ta, "round {round}: {last}, {ta}, {tb}");
                     assert!(sem.try_acquire().await.unwrap_err().is_contended());
                     a.release().await.unwrap();
@@ -270,7 +284,10 @@ macro_rules! semaphore_suite {
                     }
                 }
                 let two = l.semaphore(&k, 2).unwrap();
-                let (_a, _b) = (two.try_acquire().await.unwrap(), two.try_acquire().await.unwrap());
+                let (_a, _b) = (
+                    two.try_acquire().await.unwrap(),
+                    two.try_acquire().await.unwrap(),
+                );
                 assert!(two.try_acquire().await.unwrap_err().is_contended());
                 // A caller that says 3 is granted a third; one that says 1
                 // is refused.
@@ -287,9 +304,17 @@ macro_rules! semaphore_suite {
                 let k = key("retry-after");
                 let _long = long.semaphore(&k, 2).unwrap().try_acquire().await.unwrap();
                 let _short = short.semaphore(&k, 2).unwrap().try_acquire().await.unwrap();
-                let err = long.semaphore(&k, 2).unwrap().try_acquire().await.unwrap_err();
+                let err = long
+                    .semaphore(&k, 2)
+                    .unwrap()
+                    .try_acquire()
+                    .await
+                    .unwrap_err();
                 let after = err.retry_after().unwrap();
-                assert!(after <= Duration::from_secs(2) && after > Duration::from_millis(500), "{after:?}");
+                assert!(
+                    after <= Duration::from_secs(2) && after > Duration::from_millis(500),
+                    "{after:?}"
+                );
             }
         }
     };
@@ -313,7 +338,12 @@ async fn a_permit_waiter_subscribed_is_woken_by_the_release<S: LockStore + Clone
     let holder = locker(store.clone(), 10_000, 0);
     let waiter = stores::woken_only_by_notification(store);
     let k = key("strict-wake");
-    let g = holder.semaphore(&k, 1).unwrap().try_acquire().await.unwrap();
+    let g = holder
+        .semaphore(&k, 1)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap();
     let sem = waiter.semaphore(&k, 1).unwrap();
     let waiting = tokio::spawn(async move {
         let g = sem.acquire().await;
@@ -327,7 +357,10 @@ async fn a_permit_waiter_subscribed_is_woken_by_the_release<S: LockStore + Clone
         .expect("the waiter was not woken by the release")
         .unwrap();
     let took = at - released;
-    assert!(took < Duration::from_secs(1), "woken {took:?} after the release");
+    assert!(
+        took < Duration::from_secs(1),
+        "woken {took:?} after the release"
+    );
     got.unwrap().release().await.unwrap();
 }
 
@@ -377,7 +410,10 @@ async fn redis_a_permit_whose_set_was_deleted_is_reported_lost() {
         .await
         .expect("lost() did not resolve");
     assert!(!g.is_held());
-    assert!(!g.release().await.unwrap(), "released a permit it no longer had");
+    assert!(
+        !g.release().await.unwrap(),
+        "released a permit it no longer had"
+    );
 }
 
 /// The permits' set shares the lock's hash tag; its members are scored by
