@@ -578,3 +578,33 @@ async fn redlock_says_semaphores_are_not_supported() {
         assert_eq!(s.dbsize(), 0);
     }
 }
+
+/// Permit acquires dropped at every point of their way (before, during,
+/// after the grant) and guards dropped at once leave no permit behind:
+/// each attempt whose answer was not taken is released in the background,
+/// long before its 30 s lease would end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_dropped_permit_acquires_and_guards_leave_no_permit() {
+    let (store, server) = stores::redis();
+    let l = locker(store.clone(), 30_000, 2_000);
+    let k = key("dropped");
+    let name = store.permits_key(&k);
+    let sem = l.semaphore(&k, 3).unwrap();
+    for round in 0..60u64 {
+        let cut = Duration::from_micros(round * 37 % 1_500);
+        match tokio::time::timeout(cut, sem.acquire()).await {
+            Ok(Ok(g)) => drop(g),
+            Ok(Err(e)) => panic!("round {round}: {e}"),
+            Err(_) => {}
+        }
+    }
+    assert!(
+        eventually(Duration::from_secs(5), async || server
+            .cmd(&["EXISTS", &name])
+            == support::Reply::Int(0))
+        .await,
+        "permits left: {:?}",
+        server.cmd(&["ZRANGE", &name, "0", "-1"])
+    );
+    assert!(eventually(Duration::from_secs(5), async || l.status().renewing == 0).await);
+}
