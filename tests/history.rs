@@ -30,8 +30,8 @@ use support::topology::start_independent;
 use support::{RedisServer, Reply};
 
 use checks::{
-    attempt_overlaps, build_history, check_claims, check_exclusion, check_lost, check_progress,
-    check_resource, check_tokens, keys,
+    attempt_overlaps, build_history, check_at_most, check_claims, check_exclusion, check_lost,
+    check_progress, check_resource, check_tokens, keys,
 };
 use faults::{Fault, FaultCounts, Links, Plan, Workers, inject_faults};
 use monitor::{MONITOR_END, monitor};
@@ -102,6 +102,9 @@ struct Run {
     proxied: bool,
     /// Grants and applied writes required per key.
     min_progress: (usize, usize),
+    /// 0: the workers take locks; n: permits of n-permit semaphores, checked
+    /// for at most n holders (and writing nothing).
+    permits: u32,
 }
 
 impl Run {
@@ -113,6 +116,17 @@ impl Run {
             plan: Plan::processes(),
             proxied: false,
             min_progress: (MIN_GRANTS_PER_KEY, MIN_APPLIED_WRITES_PER_KEY),
+            permits: 0,
+        }
+    }
+
+    /// The same faults, the workers holding one of `permits` permits per
+    /// key instead of its lock.
+    fn semaphore(permits: u32) -> Run {
+        Run {
+            min_progress: (MIN_GRANTS_PER_KEY, 0),
+            permits,
+            ..Run::processes()
         }
     }
 }
@@ -149,6 +163,7 @@ fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], run: &Run) -
         lock_urls: lock_servers.iter().map(RedisServer::url).collect(),
         resource_url: resource.url(),
         deadline_ns: mono_ns() + run.workload.as_nanos() as u64,
+        permits: run.permits,
         next_id: 1,
         running: Vec::new(),
         finished: Vec::new(),
@@ -192,11 +207,23 @@ fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], run: &Run) -
         }
     };
     let h = build_history(&pool.finished);
-    check_exclusion(&h, &mut violations);
-    check_claims(&h, &mut violations);
-    let closest_lost = check_lost(&h, &pool.pauses, &mut violations);
+    if run.permits == 0 {
+        check_exclusion(&h, &mut violations);
+        check_claims(&h, &mut violations);
+    } else {
+        check_at_most(&h, run.permits as usize, &mut violations);
+    }
+    // (`lost`: another grant of the key means this one must have lapsed;
+    // for a permit another grant is the normal case.)
+    let closest_lost = if run.permits == 0 {
+        check_lost(&h, &pool.pauses, &mut violations)
+    } else {
+        None
+    };
     check_tokens(&h, &mut violations);
-    check_resource(&h, &accepted, &finals, &mut violations);
+    if run.permits == 0 {
+        check_resource(&h, &accepted, &finals, &mut violations);
+    }
     check_progress(
         &h,
         &accepted,
@@ -296,6 +323,22 @@ fn history_single_redis() {
     run_history("history_single_redis", seed, lock, &Run::processes());
 }
 
+/// The semaphore: 5 workers share 2 permits per key on one Redis primary,
+/// under the same faults (workers paused and killed, the server frozen):
+/// never more than 2 holders of a key at once (check `at_most`), tokens
+/// unique and rising per key (check `tokens`), progress.
+#[test]
+fn history_semaphore_single_redis() {
+    let seed = seed();
+    let lock = RedisServer::start();
+    let lock = std::slice::from_ref(&lock);
+    let run = Run {
+        workers: 5,
+        ..Run::semaphore(2)
+    };
+    run_history("history_semaphore_single_redis", seed, lock, &run);
+}
+
 /// Redlock over 3 independent primaries, one frozen at a time; 4 workers.
 #[test]
 fn history_redlock_3_nodes() {
@@ -341,6 +384,7 @@ fn history_nemesis() {
         plan: Plan::nemesis(&kinds),
         proxied: true,
         min_progress: ((per_second * 0.6) as usize, (per_second * 0.3) as usize),
+        permits: 0,
     };
     let stores: Vec<&str> = match store.as_deref() {
         Some(s) => vec![s],
