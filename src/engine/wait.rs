@@ -299,6 +299,7 @@ impl<S: LockStore> Locker<S> {
         watchdog.add(lease.clone());
         tracing::debug!(
             key = %key,
+            kind = ?kind,
             fencing_token = token.ok().map(crate::token::FencingToken::get),
             waited_us = start.elapsed().as_micros() as u64,
             contended,
