@@ -373,17 +373,16 @@ impl State {
     ) -> AcquireOutcome {
         self.sweep_now_and_then(now);
         let expires = far_add(now, lease);
-        if let Some(held) = self.live_permits(key, now) {
-            if let Some(mine) = held.get_mut(owner) {
-                // Ours already (an attempt whose answer was lost): as for a
-                // lock, a token minted now is valid for it.
-                *mine = expires;
-            } else if held.len() >= permits as usize {
-                let soonest = held.values().min().copied().unwrap_or(now);
-                return AcquireOutcome::Held {
-                    remaining: Some(soonest - now),
-                };
-            }
+        // (Ours already, an attempt whose answer was lost: its lease is
+        // reset below, and a token minted now is valid for it.)
+        if let Some(held) = self.live_permits(key, now)
+            && !held.contains_key(owner)
+            && held.len() >= permits as usize
+        {
+            let soonest = held.values().min().copied().unwrap_or(now);
+            return AcquireOutcome::Held {
+                remaining: Some(soonest - now),
+            };
         }
         self.semaphores
             .entry(key.clone())
@@ -571,3 +570,6 @@ impl Drop for Unwatch {
         }
     }
 }
+
+#[cfg(test)]
+mod semaphore_model;
