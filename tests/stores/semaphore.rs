@@ -608,3 +608,35 @@ async fn redis_dropped_permit_acquires_and_guards_leave_no_permit() {
     );
     assert!(eventually(Duration::from_secs(5), async || l.status().renewing == 0).await);
 }
+
+/// The permit scripts come back after the server forgets its scripts
+/// (`SCRIPT FLUSH`, as after a restart or failover): grants, the
+/// watchdog's pipelined renewals (which reload the permit renewal script
+/// beside the lock's) and releases all go on.
+#[tokio::test]
+async fn redis_permits_survive_a_script_flush() {
+    let (store, server) = stores::redis();
+    let l = locker(store.clone(), 300, 0);
+    let k = key("noscript");
+    let sem = l.semaphore(&k, 2).unwrap();
+    let g = sem.try_acquire().await.unwrap();
+    // A lock beside it: one pipeline renews both kinds.
+    let lock = l.try_acquire(&key("noscript-lock")).await.unwrap();
+    server.cmd(&["SCRIPT", "FLUSH"]);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(1_000) {
+        assert!(g.is_held(), "the permit was lost after the flush");
+        assert!(lock.is_held(), "the lock was lost after the flush");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.cmd(&["SCRIPT", "FLUSH"]);
+    let second = sem.try_acquire().await.unwrap();
+    server.cmd(&["SCRIPT", "FLUSH"]);
+    assert!(g.release().await.unwrap());
+    assert!(second.release().await.unwrap());
+    assert!(lock.release().await.unwrap());
+    assert_eq!(
+        server.cmd(&["EXISTS", &store.permits_key(&k)]),
+        support::Reply::Int(0)
+    );
+}
