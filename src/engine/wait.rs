@@ -35,7 +35,7 @@ impl<S: LockStore> Locker<S> {
         wait: Duration,
         ask: Ask,
     ) -> Result<Acquired, Error> {
-        let span = observe::acquire_span(key, wait);
+        let span = observe::acquire_span(key, ask.kind(), wait);
         let start = Instant::now();
         let res = self
             .take_in_span(key, wait, ask)
