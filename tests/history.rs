@@ -339,6 +339,32 @@ fn history_semaphore_single_redis() {
     run_history("history_semaphore_single_redis", seed, lock, &run);
 }
 
+/// The semaphore under the nemesis (each worker behind proxies of its own,
+/// its links broken: latency, bandwidth, blackholes, partitions,
+/// half-open and reset connections; worker pauses and kills): 5 workers,
+/// 2 permits per key, one primary, 5 s; checks as
+/// `history_semaphore_single_redis`.
+#[test]
+fn history_semaphore_nemesis() {
+    let seed = seed();
+    let lock = RedisServer::start();
+    let workload = NEMESIS_WORKLOAD;
+    let run = Run {
+        workers: 5,
+        workload,
+        plan: Plan::nemesis(&[]),
+        proxied: true,
+        min_progress: ((workload.as_secs_f64() * 0.6) as usize, 0),
+        permits: 2,
+    };
+    run_history(
+        "history_semaphore_nemesis",
+        seed,
+        std::slice::from_ref(&lock),
+        &run,
+    );
+}
+
 /// Redlock over 3 independent primaries, one frozen at a time; 4 workers.
 #[test]
 fn history_redlock_3_nodes() {
