@@ -11,6 +11,8 @@
 //! curl -i -X POST 'localhost:3000/jobs/42?work_ms=5000' &     # 200 after 5 s
 //! curl -i -X POST 'localhost:3000/jobs/42'                    # 409 + Retry-After
 //! curl -i localhost:3000/healthz                               # 200, never locked
+//! for i in 1 2 3; do curl -si -X POST 'localhost:3000/tenants/acme/export?work_ms=5000' & done
+//!                                    # two 200s after 5 s, one 429 + Retry-After
 //! ```
 //!
 //! Routes:
@@ -20,6 +22,12 @@
 //!   "fencing_token": N}` with the same token in the `fencing-token`
 //!   header. A second request for the same id while the first runs gets the
 //!   layer's `409` `application/problem+json` answer with `Retry-After`.
+//! * `POST /tenants/{tenant}/export?work_ms=N` is limited to
+//!   [`EXPORTS_PER_TENANT`] (2) at once per tenant, across every instance
+//!   on the same store (a permit of the tenant's semaphore instead of a
+//!   lock): it answers `{"id": "<tenant>", "fencing_token": N}` like a job;
+//!   a third export of the same tenant while two run gets `429`
+//!   `application/problem+json` with `Retry-After`.
 //! * `GET /healthz` answers `200 ok`, outside the lock layer.
 //!
 //! Environment:
@@ -66,6 +74,10 @@ pub const DEFAULT_WORK: Duration = Duration::from_millis(100);
 pub const MAX_WORK: Duration = Duration::from_secs(60);
 /// Namespace of the job locks.
 pub const NAMESPACE: &str = "jobs";
+/// Namespace of the export permits.
+pub const EXPORTS: &str = "exports";
+/// Exports that may run at once per tenant.
+pub const EXPORTS_PER_TENANT: u32 = 2;
 /// Time limits when the environment sets none. The request timeout leaves
 /// the longest job ([`MAX_WORK`]) room to finish.
 pub const DEFAULT_TIMEOUTS: Timeouts = Timeouts {
@@ -75,8 +87,14 @@ pub const DEFAULT_TIMEOUTS: Timeouts = Timeouts {
 };
 
 /// The demo's routes around `locker`: `POST /jobs/{id}` under the lock
-/// layer, `GET /healthz` outside it.
+/// layer, `POST /tenants/{tenant}/export` under a concurrency limit,
+/// `GET /healthz` outside both.
 pub fn app<St: LockStore>(locker: Locker<St>) -> Router {
+    let exports = LockLayer::builder(locker.clone(), KeyFrom::path_param::<String>("tenant"))
+        .namespace(EXPORTS)
+        .concurrency_limit(EXPORTS_PER_TENANT)
+        .build()
+        .expect("the demo's export limit settings are valid");
     let layer = LockLayer::builder(locker, KeyFrom::path_param::<String>("id"))
         .namespace(NAMESPACE)
         .build()
@@ -90,10 +108,15 @@ pub fn app<St: LockStore>(locker: Locker<St>) -> Router {
     // `Router::route_layer` would lock on the 405 answer.)
     Router::new()
         .route("/jobs/{id}", post(run_job).route_layer(layer))
+        .route(
+            "/tenants/{tenant}/export",
+            post(run_job).route_layer(exports),
+        )
         .route("/healthz", get(healthz))
 }
 
-/// Runs under the lock the layer took for `{id}`.
+/// Runs under the lock the layer took for `{id}` (or, as an export, under
+/// one of the tenant's permits).
 async fn run_job(
     Path(id): Path<String>,
     Query(query): Query<HashMap<String, String>>,

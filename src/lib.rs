@@ -22,7 +22,7 @@ mod time;
 mod token;
 
 pub use engine::LockGuard;
-pub use engine::{Acquired, ExportedLease, Locker, LockerBuilder, Status};
+pub use engine::{Acquired, ExportedLease, Locker, LockerBuilder, Semaphore, Status};
 pub use error::{BoxError, ConfigError, Error, Operation};
 pub use fence::{FenceOutcome, FencedResource};
 pub use key::{KeyError, LockKey};
@@ -45,7 +45,7 @@ pub use store::BoxStore;
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub use store::redis::{DataNodes, NodeTls};
 pub use store::{
-    AcquireOutcome, LockStore, ReleaseWatch, Renewal,
+    AcquireOutcome, LeaseKind, LockStore, ReleaseWatch, Renewal,
     memory::MemoryStore,
     redis::RedisStore,
     redis::{EvictionCheck, RedisStoreBuilder, ReplicaShortfall},

@@ -5,7 +5,8 @@
 //! child of the caller's current span: the request's inside the layer),
 //! `lock.hold` from the grant until the lock's state is gone (a sibling of
 //! `lock.acquire`), and `lock.release` (a child of `lock.hold`) around
-//! release and finish. Metrics (the `metrics` facade, feature `metrics`):
+//! release and finish. `lock.acquire` and `lock.hold` carry `kind`: `lock`,
+//! or `permit` for a [`Semaphore`](crate::Semaphore)'s. Metrics (the `metrics` facade, feature `metrics`):
 //! the names, units and labels are in README's "Metrics" section; without
 //! the feature the metric calls below are empty.
 
@@ -19,15 +20,17 @@ use crate::error::Error;
 #[cfg(feature = "metrics")]
 use crate::error::Operation;
 use crate::key::LockKey;
+use crate::store::LeaseKind;
 
 #[cfg(feature = "metrics")]
 use crate::metrics as name;
 
 /// The span of one acquire, a child of the caller's current span.
-pub(crate) fn acquire_span(key: &LockKey, wait: Duration) -> Span {
+pub(crate) fn acquire_span(key: &LockKey, kind: LeaseKind, wait: Duration) -> Span {
     tracing::info_span!(
         "lock.acquire",
         key = %key,
+        kind = kind_label(kind),
         namespace = key.namespace(),
         wait_ms = wait.as_millis() as u64,
         waited_us = Empty,
@@ -36,6 +39,14 @@ pub(crate) fn acquire_span(key: &LockKey, wait: Duration) -> Span {
         outcome = Empty,
         fencing_token = Empty,
     )
+}
+
+/// A lease kind as spans name it: `lock` or `permit`.
+fn kind_label(kind: LeaseKind) -> &'static str {
+    match kind {
+        LeaseKind::Lock => "lock",
+        LeaseKind::Permit => "permit",
+    }
 }
 
 /// Records how an acquire ended, on `span` and in the metrics. `contended`:
@@ -105,6 +116,7 @@ pub(crate) fn hold_started(lease: &Lease) {
     let _ = lease.span.set(tracing::info_span!(
         "lock.hold",
         key = %lease.key,
+        kind = kind_label(lease.kind),
         fencing_token = lease.token.ok().map(crate::token::FencingToken::get),
         outcome = Empty,
     ));

@@ -11,7 +11,7 @@ const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 /// compare-and-pexpire extend), so a holder whose lease ran out can never
 /// touch a newer holder's lock. It is never logged and never sent to a
 /// client: `Debug` prints `OwnerToken(..)` and there is no `Display`.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct OwnerToken {
     hex: [u8; 32],
 }

@@ -30,8 +30,8 @@ use support::topology::start_independent;
 use support::{RedisServer, Reply};
 
 use checks::{
-    attempt_overlaps, build_history, check_claims, check_exclusion, check_lost, check_progress,
-    check_resource, check_tokens, keys,
+    attempt_overlaps, build_history, check_at_most, check_claims, check_exclusion, check_lost,
+    check_progress, check_resource, check_tokens, keys,
 };
 use faults::{Fault, FaultCounts, Links, Plan, Workers, inject_faults};
 use monitor::{MONITOR_END, monitor};
@@ -117,6 +117,9 @@ struct Run {
     proxied: Proxies,
     /// Grants and applied writes required per key.
     min_progress: (usize, usize),
+    /// 0: the workers take locks; n: permits of n-permit semaphores, checked
+    /// for at most n holders (and writing nothing).
+    permits: u32,
 }
 
 impl Run {
@@ -128,6 +131,17 @@ impl Run {
             plan: Plan::processes(),
             proxied: Proxies::None,
             min_progress: (MIN_GRANTS_PER_KEY, MIN_APPLIED_WRITES_PER_KEY),
+            permits: 0,
+        }
+    }
+
+    /// The same faults, the workers holding one of `permits` permits per
+    /// key instead of its lock.
+    fn semaphore(permits: u32) -> Run {
+        Run {
+            min_progress: (MIN_GRANTS_PER_KEY, 0),
+            permits,
+            ..Run::processes()
         }
     }
 }
@@ -164,6 +178,7 @@ fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], run: &Run) -
         lock_urls: lock_servers.iter().map(RedisServer::url).collect(),
         resource_url: resource.url(),
         deadline_ns: mono_ns() + run.workload.as_nanos() as u64,
+        permits: run.permits,
         next_id: 1,
         running: Vec::new(),
         finished: Vec::new(),
@@ -216,11 +231,23 @@ fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], run: &Run) -
         }
     };
     let h = build_history(&pool.finished);
-    check_exclusion(&h, &mut violations);
-    check_claims(&h, &mut violations);
-    let closest_lost = check_lost(&h, &pool.pauses, &mut violations);
+    if run.permits == 0 {
+        check_exclusion(&h, &mut violations);
+        check_claims(&h, &mut violations);
+    } else {
+        check_at_most(&h, run.permits as usize, &mut violations);
+    }
+    // (`lost`: another grant of the key means this one must have lapsed;
+    // for a permit another grant is the normal case.)
+    let closest_lost = if run.permits == 0 {
+        check_lost(&h, &pool.pauses, &mut violations)
+    } else {
+        None
+    };
     check_tokens(&h, &mut violations);
-    check_resource(&h, &accepted, &finals, &mut violations);
+    if run.permits == 0 {
+        check_resource(&h, &accepted, &finals, &mut violations);
+    }
     check_progress(
         &h,
         &accepted,
@@ -351,6 +378,48 @@ fn history_single_redis() {
     run_history("history_single_redis", seed, lock, &Run::processes());
 }
 
+/// The semaphore: 5 workers share 2 permits per key on one Redis primary,
+/// under the same faults (workers paused and killed, the server frozen):
+/// never more than 2 holders of a key at once (check `at_most`), tokens
+/// unique and rising per key (check `tokens`), progress.
+#[test]
+fn history_semaphore_single_redis() {
+    let seed = seed();
+    let lock = RedisServer::start();
+    let lock = std::slice::from_ref(&lock);
+    let run = Run {
+        workers: 5,
+        ..Run::semaphore(2)
+    };
+    run_history("history_semaphore_single_redis", seed, lock, &run);
+}
+
+/// The semaphore under the nemesis (each worker behind proxies of its own,
+/// its links broken: latency, bandwidth, blackholes, partitions,
+/// half-open and reset connections; worker pauses and kills): 5 workers,
+/// 2 permits per key, one primary, 5 s; checks as
+/// `history_semaphore_single_redis`.
+#[test]
+fn history_semaphore_nemesis() {
+    let seed = seed();
+    let lock = RedisServer::start();
+    let workload = NEMESIS_WORKLOAD;
+    let run = Run {
+        workers: 5,
+        workload,
+        plan: Plan::nemesis(&[]),
+        proxied: Proxies::PerWorker,
+        min_progress: ((workload.as_secs_f64() * 0.6) as usize, 0),
+        permits: 2,
+    };
+    run_history(
+        "history_semaphore_nemesis",
+        seed,
+        std::slice::from_ref(&lock),
+        &run,
+    );
+}
+
 /// Redlock over 3 independent primaries, one frozen at a time; 4 workers.
 #[test]
 fn history_redlock_3_nodes() {
@@ -395,6 +464,7 @@ fn history_nemesis() {
         plan: Plan::nemesis(&kinds),
         proxied: Proxies::PerWorker,
         min_progress: ((per_second * 0.6) as usize, (per_second * 0.3) as usize),
+        permits: 0,
     };
     let stores: Vec<&str> = match store.as_deref() {
         Some(s) => vec![s],
@@ -485,6 +555,7 @@ fn history_nemesis_cluster() {
         workload: NEMESIS_WORKLOAD,
         plan: Plan::nemesis(&kinds),
         proxied: Proxies::Shared,
+        permits: 0,
         // Half of what is asked of one primary: a fault here cuts a node
         // off from every worker at once (3-14 grants per key in 5 s).
         min_progress: ((per_second * 0.4) as usize, (per_second * 0.2) as usize),

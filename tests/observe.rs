@@ -171,6 +171,7 @@ async fn acquire_hold_and_release_spans_nest_under_the_callers_span() {
     assert_eq!(acquire.parent, Some("request"));
     assert!(acquire.closed);
     assert_eq!(acquire.field("key"), Some("orders:1"));
+    assert_eq!(acquire.field("kind"), Some("lock"));
     assert_eq!(acquire.field("namespace"), Some("orders"));
     assert_eq!(acquire.field("outcome"), Some("granted"));
     assert_eq!(acquire.field("contended"), Some("false"));
@@ -409,4 +410,27 @@ async fn an_outage_logs_once_when_it_starts_and_once_when_it_ends() {
             == 1,
         "no second start"
     );
+}
+
+/// A permit's spans say so (`kind=permit`), and its hold span is open while
+/// the permit is held.
+#[tokio::test(start_paused = true)]
+async fn a_permits_spans_name_their_kind() {
+    let (seen, _guard) = Capture::install();
+    let locker = Locker::new(MemoryStore::new());
+    let guard = locker
+        .semaphore(&key("2"), 3)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let acquire = seen.one("lock.acquire");
+    assert_eq!(acquire.field("kind"), Some("permit"));
+    assert_eq!(acquire.field("outcome"), Some("granted"));
+    let hold = seen.one("lock.hold");
+    assert_eq!(hold.field("kind"), Some("permit"));
+    assert!(!hold.closed);
+    assert!(guard.release().await.unwrap());
+    settle().await;
+    assert!(seen.one("lock.hold").closed, "the hold outlived its permit");
 }

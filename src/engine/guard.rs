@@ -19,7 +19,7 @@ use super::watchdog::Watchdog;
 use crate::error::{Chain, Error};
 use crate::key::LockKey;
 use crate::observe;
-use crate::store::LockStore;
+use crate::store::{LeaseKind, LockStore, extend_lease, release_lease};
 use crate::token::{FencingToken, Unfenced};
 
 /// Proof that we hold a lock, for as long as [`is_held`](LockGuard::is_held)
@@ -279,13 +279,7 @@ impl LockGuard {
         if lease.is_zero() {
             return Err(Error::LockLost { key: l.key.clone() });
         }
-        if self
-            .shared
-            .end
-            .store
-            .extend(&l.key, &l.owner, lease)
-            .await?
-        {
+        if extend_lease(&self.shared.end.store, l.kind, &l.key, &l.owner, lease).await? {
             l.renewed(started, lease);
             Ok(())
         } else {
@@ -314,7 +308,18 @@ impl LockGuard {
     /// lock is released as by [`release`](LockGuard::release), retried in
     /// the background on failure. Dropping the future before it is done
     /// finishes (then, if needed, releases) in the background.
+    ///
+    /// A permit (from [`Semaphore`](crate::Semaphore)) has no completed
+    /// record: `finish` on one releases it and answers
+    /// [`Error::Config`].
     pub async fn finish(self, record: Bytes, retention: Duration) -> Result<bool, Error> {
+        if self.shared.lease().kind != LeaseKind::Lock {
+            drop(self.release().await);
+            return Err(Error::Config(crate::error::ConfigError::new(
+                "finish",
+                "a permit has no completed record: release it instead",
+            )));
+        }
         let s = &self.shared;
         if s.end_hold().is_none() || !s.stop_renewal() {
             return Ok(false);
@@ -407,6 +412,12 @@ impl LockGuard {
     pub fn export(self) -> Result<ExportedLease, Error> {
         let s = &self.shared;
         let l = s.lease();
+        if l.kind != LeaseKind::Lock {
+            return Err(Error::Config(crate::error::ConfigError::new(
+                "export",
+                "a permit cannot be handed off: only a lock can",
+            )));
+        }
         if !s.is_held() {
             return Err(Error::LockLost { key: l.key.clone() });
         }
@@ -476,9 +487,7 @@ impl LockGuard {
         // Dropped before the answer: the release goes on in the background.
         let mut pending = PendingEnd::arm(e, EndOp::Release);
         let span = observe::release_span(l, "release");
-        let res = e
-            .store
-            .release(&l.key, &l.owner)
+        let res = release_lease(&e.store, l.kind, &l.key, &l.owner)
             .instrument(span.clone())
             .await;
         span.in_scope(|| trace_release(l, &res));

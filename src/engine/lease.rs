@@ -10,12 +10,33 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::key::LockKey;
+use crate::store::LeaseKind;
 use crate::time::far_add;
 use crate::token::{FencingToken, OwnerToken, Unfenced};
 
 const HELD: u8 = 0;
 const LOST: u8 = 1;
 const RELEASED: u8 = 2;
+
+/// What an acquire asks the store for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// The key's lock; with `replay`, its completed record instead if it
+    /// has one.
+    Lock { replay: bool },
+    /// One of `permits` permits of the key's semaphore.
+    Permit { permits: u32 },
+}
+
+impl Ask {
+    /// The kind of lease a grant of this ask is.
+    pub(crate) fn kind(self) -> LeaseKind {
+        match self {
+            Ask::Lock { .. } => LeaseKind::Lock,
+            Ask::Permit { .. } => LeaseKind::Permit,
+        }
+    }
+}
 
 /// Why a lease was lost (for logs).
 #[derive(Debug, Clone, Copy)]
@@ -42,6 +63,8 @@ impl LossReason {
 pub(crate) struct Lease {
     pub(crate) id: u64,
     pub(crate) key: LockKey,
+    /// What the lease holds: the key's lock or one of its permits.
+    pub(crate) kind: LeaseKind,
     pub(crate) owner: OwnerToken,
     pub(crate) token: Result<FencingToken, Unfenced>,
     pub(crate) lease: Duration,
@@ -65,7 +88,7 @@ impl Lease {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         id: u64,
-        key: LockKey,
+        (key, kind): (LockKey, LeaseKind),
         owner: OwnerToken,
         token: Result<FencingToken, Unfenced>,
         lease: Duration,
@@ -76,6 +99,7 @@ impl Lease {
         let l = Lease {
             id,
             key,
+            kind,
             owner,
             token,
             lease,

@@ -8,12 +8,13 @@ use bytes::Bytes;
 
 use super::guard::LockGuard;
 use super::health::Health;
+use super::lease::Ask;
 use super::options::Options;
 use super::queue::Queues;
 use super::watchdog::Watchdog;
 use crate::error::Error;
 use crate::key::LockKey;
-use crate::store::{BoxStore, LockStore};
+use crate::store::{BoxStore, LeaseKind, LockStore};
 
 /// A [`Locker`]'s state: see [`Locker::status`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,7 +93,11 @@ pub(crate) struct Inner<S> {
     /// The renewal schedulers, one per runtime the locker grants on.
     watchdogs: RwLock<Vec<Watchdog>>,
     pub(crate) next_id: AtomicU64,
+    /// This process's waiters for a key's lock.
     pub(crate) queues: Queues,
+    /// This process's waiters for a permit of a key's semaphore (apart
+    /// from the lock's: a permit held here does not mean none is free).
+    pub(crate) permit_queues: Queues,
     pub(crate) health: Health,
 }
 
@@ -122,6 +127,7 @@ impl<S: LockStore> Locker<S> {
                 watchdogs: RwLock::default(),
                 next_id: AtomicU64::new(0),
                 queues: Queues::default(),
+                permit_queues: Queues::default(),
                 health: Health::default(),
             }),
         }
@@ -217,7 +223,7 @@ impl<S: LockStore> Locker<S> {
     /// answer is one more hold on that grant, at once and with the same
     /// fencing token (see [`LockGuard::reenter`]).
     pub async fn acquire_within(&self, key: &LockKey, wait: Duration) -> Result<LockGuard, Error> {
-        match self.take(key, wait, false).await? {
+        match self.take(key, wait, Ask::Lock { replay: false }).await? {
             Acquired::Locked(guard) => Ok(guard),
             Acquired::Completed(_) => Err(Error::Record {
                 key: key.clone(),
@@ -235,7 +241,8 @@ impl<S: LockStore> Locker<S> {
     /// With the Redis store this is one round trip when the key is free or
     /// completed.
     pub async fn acquire_or_replay(&self, key: &LockKey) -> Result<Acquired, Error> {
-        self.take(key, self.inner.opts.wait, true).await
+        self.take(key, self.inner.opts.wait, Ask::Lock { replay: true })
+            .await
     }
 
     /// [`acquire_or_replay`](Locker::acquire_or_replay), waiting up to
@@ -245,7 +252,15 @@ impl<S: LockStore> Locker<S> {
         key: &LockKey,
         wait: Duration,
     ) -> Result<Acquired, Error> {
-        self.take(key, wait, true).await
+        self.take(key, wait, Ask::Lock { replay: true }).await
+    }
+
+    /// This process's waiters for leases of `kind`.
+    pub(crate) fn queues(&self, kind: LeaseKind) -> &Queues {
+        match kind {
+            LeaseKind::Lock => &self.inner.queues,
+            LeaseKind::Permit => &self.inner.permit_queues,
+        }
     }
 
     /// Identifies the store behind this locker (for re-entry: a guard
@@ -254,14 +269,15 @@ impl<S: LockStore> Locker<S> {
         self.inner.store.instance_id()
     }
 
-    /// Whether a task of this locker is waiting for `key` right now.
+    /// Whether a task of this locker is waiting for `key` (its lock, or a
+    /// permit of its [`Semaphore`](crate::Semaphore)) right now.
     ///
     /// A test hook (feature `test-util`): tests wait for a waiter to be
     /// queued.
     #[cfg(any(test, feature = "test-util"))]
     #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn has_waiters(&self, key: &LockKey) -> bool {
-        self.inner.queues.has_waiters(key)
+        self.inner.queues.has_waiters(key) || self.inner.permit_queues.has_waiters(key)
     }
 
     /// The watchdog of `runtime` (the caller's): one renewal task per

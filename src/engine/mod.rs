@@ -20,6 +20,7 @@
 //! | `builder.rs` | [`LockerBuilder`]: settings checked once |
 //! | `wait.rs` | the wait loop and one try at the store |
 //! | `resume.rs` | [`Locker::resume`]: an exported lease held again, once the store confirms it |
+//! | `semaphore.rs` | [`Semaphore`]: a key's permits, taken through the wait loop |
 
 mod builder;
 mod exported;
@@ -33,6 +34,7 @@ mod pending;
 mod queue;
 mod reentry;
 mod resume;
+mod semaphore;
 #[cfg(test)]
 mod test_support;
 mod wait;
@@ -43,3 +45,6 @@ pub use exported::ExportedLease;
 pub use guard::LockGuard;
 pub(crate) use lease::Lease;
 pub use locker::{Acquired, Locker, Status};
+pub use semaphore::Semaphore;
+#[cfg_attr(not(feature = "axum"), allow(unused_imports))]
+pub(crate) use semaphore::check_permits;

@@ -20,7 +20,7 @@ use super::lease::Lease;
 use super::queue::Queues;
 use crate::error::{Chain, Error};
 use crate::key::LockKey;
-use crate::store::{BoxStore, LockStore};
+use crate::store::{BoxStore, LeaseKind, LockStore, release_lease};
 use crate::time::far_add;
 use crate::token::OwnerToken;
 
@@ -37,6 +37,7 @@ const RETRY_MAX: Duration = Duration::from_secs(1);
 /// is dropped outside any runtime.)
 pub(crate) struct PendingAttempt<'a, S: LockStore> {
     armed: Option<(&'a Arc<S>, &'a LockKey, &'a OwnerToken)>,
+    kind: LeaseKind,
     lease: Duration,
     runtime: &'a Handle,
 }
@@ -44,13 +45,14 @@ pub(crate) struct PendingAttempt<'a, S: LockStore> {
 impl<'a, S: LockStore> PendingAttempt<'a, S> {
     pub(crate) fn new(
         store: &'a Arc<S>,
-        key: &'a LockKey,
+        (key, kind): (&'a LockKey, LeaseKind),
         owner: &'a OwnerToken,
         lease: Duration,
         runtime: &'a Handle,
     ) -> Self {
         PendingAttempt {
             armed: Some((store, key, owner)),
+            kind,
             lease,
             runtime,
         }
@@ -64,7 +66,7 @@ impl<'a, S: LockStore> PendingAttempt<'a, S> {
 impl<S: LockStore> Drop for PendingAttempt<'_, S> {
     fn drop(&mut self) {
         if let Some((store, key, owner)) = self.armed.take() {
-            let (key, owner, lease) = (key.clone(), owner.clone(), self.lease);
+            let (key, owner, lease, kind) = (key.clone(), owner.clone(), self.lease, self.kind);
             let store = BoxStore::from_arc(store.clone());
             spawn_detached(Some(self.runtime), async move {
                 // One try, bounded by a lease (after which a grant made now
@@ -72,7 +74,8 @@ impl<S: LockStore> Drop for PendingAttempt<'_, S> {
                 // bounded by the locks held, and retrying each of them
                 // through an outage would pile up work for the recovery.
                 let give_up = far_add(Instant::now(), lease);
-                let _ = tokio::time::timeout_at(give_up, store.release(&key, &owner)).await;
+                let release = release_lease(&store, kind, &key, &owner);
+                let _ = tokio::time::timeout_at(give_up, release).await;
             });
         }
     }
@@ -228,7 +231,7 @@ async fn end_lock(lease: Arc<Lease>, store: BoxStore, local: Queues, op: EndOp, 
         }
         pause_first = false;
     }
-    let res = release_retrying(&store, &l.key, &l.owner, give_up, pause_first).await;
+    let res = release_retrying(&store, l, give_up, pause_first).await;
     match res {
         Some(owned) => trace_release(l, &Ok(owned)),
         None => tracing::warn!(
@@ -247,8 +250,7 @@ async fn end_lock(lease: Arc<Lease>, store: BoxStore, local: Queues, op: EndOp, 
 /// try (a try just failed).
 async fn release_retrying(
     store: &BoxStore,
-    key: &LockKey,
-    owner: &OwnerToken,
+    l: &Lease,
     give_up: Instant,
     pause_first: bool,
 ) -> Option<bool> {
@@ -265,7 +267,9 @@ async fn release_retrying(
             pause = (pause * 2).min(RETRY_MAX);
         }
         first = false;
-        match tokio::time::timeout_at(give_up, store.release(key, owner)).await {
+        let (key, owner) = (&l.key, &l.owner);
+        let release = release_lease(store, l.kind, key, owner);
+        match tokio::time::timeout_at(give_up, release).await {
             Ok(Ok(owned)) => return Some(owned),
             Ok(Err(e)) => {
                 crate::observe::store_error(&e);

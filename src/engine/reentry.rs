@@ -7,6 +7,7 @@ use std::sync::{Arc, Weak};
 
 use super::hold::Hold;
 use crate::key::LockKey;
+use crate::store::LeaseKind;
 
 tokio::task_local! {
     /// The holds a task runs under (innermost last): see
@@ -14,14 +15,19 @@ tokio::task_local! {
     static TASK_HOLDS: Arc<[Weak<Hold>]>;
 }
 
-/// A hold of `key`, granted by `store`, that the current task runs under
-/// and that is still held (innermost first).
-pub(crate) fn held_by_task(key: &LockKey, store: usize) -> Option<Arc<Hold>> {
+/// A hold of `key` of `kind` (the lock, or a permit), granted by `store`,
+/// that the current task runs under and that is still held (innermost
+/// first).
+pub(crate) fn held_by_task(key: &LockKey, kind: LeaseKind, store: usize) -> Option<Arc<Hold>> {
     TASK_HOLDS
         .try_with(|held| {
             held.iter().rev().find_map(|w| {
                 let hold = w.upgrade()?;
-                (hold.key() == key && hold.is_from(store) && hold.is_held()).then_some(hold)
+                (hold.key() == key
+                    && hold.lease().kind == kind
+                    && hold.is_from(store)
+                    && hold.is_held())
+                .then_some(hold)
             })
         })
         .ok()

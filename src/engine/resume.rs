@@ -12,7 +12,7 @@ use super::lease::Lease;
 use super::locker::Locker;
 use super::pending::Ending;
 use crate::error::{ConfigError, Error};
-use crate::store::LockStore;
+use crate::store::{LeaseKind, LockStore};
 use crate::time::drift;
 use crate::token::{FencingToken, OwnerToken};
 
@@ -77,7 +77,7 @@ impl<S: LockStore> Locker<S> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let lease = Arc::new(Lease::new(
             id,
-            key,
+            (key, LeaseKind::Lock),
             owner,
             token,
             length,

@@ -34,7 +34,7 @@ pub(crate) async fn grant(
     static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     Arc::new(Lease::new(
         NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-        key.clone(),
+        (key.clone(), crate::store::LeaseKind::Lock),
         owner,
         Ok(token),
         lease,

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
 use super::guard::LockGuard;
-use super::lease::Lease;
+use super::lease::{Ask, Lease};
 use super::locker::{Acquired, Locker};
 use super::pending::{Ending, PendingAttempt};
 use super::reentry;
@@ -18,7 +18,7 @@ use crate::error::Error;
 use crate::error::{Chain, ConfigError};
 use crate::key::LockKey;
 use crate::observe::{self, Outcome};
-use crate::store::{AcquireOutcome, LockStore, ReleaseWatch};
+use crate::store::{AcquireOutcome, LeaseKind, LockStore, ReleaseWatch};
 use crate::time::{drift, far_add};
 use crate::token::{OwnerToken, Unfenced};
 
@@ -33,12 +33,12 @@ impl<S: LockStore> Locker<S> {
         &self,
         key: &LockKey,
         wait: Duration,
-        replay: bool,
+        ask: Ask,
     ) -> Result<Acquired, Error> {
-        let span = observe::acquire_span(key, wait);
+        let span = observe::acquire_span(key, ask.kind(), wait);
         let start = Instant::now();
         let res = self
-            .take_in_span(key, wait, replay)
+            .take_in_span(key, wait, ask)
             .instrument(span.clone())
             .await;
         // A re-entry asked the store nothing: it says nothing of its health.
@@ -60,11 +60,12 @@ impl<S: LockStore> Locker<S> {
         &self,
         key: &LockKey,
         wait: Duration,
-        replay: bool,
+        ask: Ask,
     ) -> Result<Acquired, Error> {
+        let kind = ask.kind();
         // The task already runs under this very lock (a nested call in the
         // same work): one more hold, not a wait for ourselves.
-        if let Some(outer) = reentry::held_by_task(key, self.store_id())
+        if let Some(outer) = reentry::held_by_task(key, kind, self.store_id())
             && let Ok(again) = LockGuard::from_hold(outer).reenter()
         {
             tracing::trace!(key = %key, holds = again.hold_count(), "lock re-entered");
@@ -87,10 +88,11 @@ impl<S: LockStore> Locker<S> {
         // Other tasks of this process already waiting for the key go first:
         // a new (or just-released) acquirer that means to wait queues behind
         // them instead of barging in.
-        let queue_first = !wait.is_zero() && self.inner.queues.has_waiters(key);
+        let queues = self.queues(kind);
+        let queue_first = !wait.is_zero() && queues.has_waiters(key);
         if !queue_first {
             attempts += 1;
-            match self.attempt(key, replay, start, (attempts, false)).await? {
+            match self.attempt(key, ask, start, (attempts, false)).await? {
                 Step::Done(done) => return Ok(done),
                 Step::Held(r) => remaining = r,
             }
@@ -102,7 +104,7 @@ impl<S: LockStore> Locker<S> {
         // Wait for our turn among this process's waiters of the key: only
         // the task whose turn it is talks to the store, so one release wakes
         // one local task, not all of them.
-        let queue = self.inner.queues.join(key);
+        let queue = queues.join(key);
         if let Some(r) = remaining {
             queue.saw_held(r);
         }
@@ -129,13 +131,18 @@ impl<S: LockStore> Locker<S> {
                 }
             }
             // Held by a task of ours: its release will wake us locally, so
-            // there is nothing to ask the store yet.
-            let step = match queue.held_here() {
+            // there is nothing to ask the store yet. (Not for a permit: one
+            // held here says nothing of the others.)
+            let held_here = match kind {
+                LeaseKind::Lock => queue.held_here(),
+                _ => None,
+            };
+            let step = match held_here {
                 Some(valid_for) => Ok(Step::Held(Some(valid_for))),
                 None => {
                     attempts += 1;
                     // (Contended: it found the lock held, or queued behind a waiter.)
-                    let attempt = self.attempt(key, replay, start, (attempts, true));
+                    let attempt = self.attempt(key, ask, start, (attempts, true));
                     match tokio::time::timeout_at(deadline, attempt).await {
                         Ok(step) => step,
                         Err(_) => {
@@ -155,7 +162,9 @@ impl<S: LockStore> Locker<S> {
             match step {
                 Step::Done(done) => {
                     queue.put_watch(watch);
-                    if let Acquired::Locked(guard) = &done {
+                    if let Acquired::Locked(guard) = &done
+                        && kind == LeaseKind::Lock
+                    {
                         // The next waiters need not ask the store until
                         // this lease ends.
                         queue.set_holder(guard.lease_state());
@@ -223,7 +232,7 @@ impl<S: LockStore> Locker<S> {
     async fn attempt(
         &self,
         key: &LockKey,
-        replay: bool,
+        ask: Ask,
         start: Instant,
         (attempts, contended): (u32, bool),
     ) -> Result<Step, Error> {
@@ -247,13 +256,14 @@ impl<S: LockStore> Locker<S> {
         // The first lease, like every renewal, ends by the hold cap: a cap
         // shorter than the lease shortens the grant itself.
         let first = o.max_hold.map_or(o.lease, |cap| o.lease.min(cap));
-        let pending = PendingAttempt::new(store, key, owner, first, &runtime);
+        let kind = ask.kind();
+        let pending = PendingAttempt::new(store, (key, kind), owner, first, &runtime);
         // On an error (timeout, connection lost) the grant may still have
         // happened: `pending` releases it in the background.
-        let outcome = if replay {
-            store.acquire_or_replay(key, owner, first).await?
-        } else {
-            store.acquire(key, owner, first).await?
+        let outcome = match ask {
+            Ask::Lock { replay: true } => store.acquire_or_replay(key, owner, first).await?,
+            Ask::Lock { replay: false } => store.acquire(key, owner, first).await?,
+            Ask::Permit { permits } => store.acquire_permit(key, owner, permits, first).await?,
         };
         pending.disarm();
         let token = match outcome {
@@ -275,7 +285,7 @@ impl<S: LockStore> Locker<S> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let lease = Arc::new(Lease::new(
             id,
-            key.clone(),
+            (key.clone(), kind),
             owner.clone(),
             token,
             o.lease,
@@ -289,6 +299,7 @@ impl<S: LockStore> Locker<S> {
         watchdog.add(lease.clone());
         tracing::debug!(
             key = %key,
+            kind = ?kind,
             fencing_token = token.ok().map(crate::token::FencingToken::get),
             waited_us = start.elapsed().as_micros() as u64,
             contended,
@@ -302,7 +313,7 @@ impl<S: LockStore> Locker<S> {
         let end = Ending {
             lease,
             store: self.inner.erased.clone(),
-            local: self.inner.queues.clone(),
+            local: self.queues(kind).clone(),
             runtime: Some(runtime),
         };
         Ok(Step::Done(Acquired::Locked(LockGuard::new(end, watchdog))))

@@ -423,6 +423,7 @@ fn build_batches(t: &Table, due: &[(u64, Duration)], batch_size: usize) -> Vec<B
                     key: e.lease.key.clone(),
                     owner: e.lease.owner.clone(),
                     lease,
+                    kind: e.lease.kind,
                 });
             }
             (batch, renewals)

@@ -124,6 +124,12 @@ pub(crate) struct Config<St> {
     pub(crate) key: KeyFrom,
     pub(crate) namespace: Option<String>,
     pub(crate) contention: StatusCode,
+    /// Whether the contention status was set (else a permit layer answers
+    /// 429).
+    pub(crate) contention_set: bool,
+    /// A permit layer: at most this many requests per key at once (see
+    /// `LockLayerBuilder::concurrency_limit`); a lock layer without.
+    pub(crate) permits: Option<u32>,
     pub(crate) header: HeaderName,
     pub(crate) body_limit: usize,
     pub(crate) on_store_error: OnStoreError,
@@ -184,7 +190,30 @@ impl<St: LockStore> Config<St> {
                 ));
             }
         }
-        if c.contention != StatusCode::CONFLICT && c.contention != StatusCode::LOCKED {
+        if let Some(permits) = c.permits {
+            crate::engine::check_permits(permits)?;
+            if c.idempotency.is_some() {
+                return Err(ConfigError::new(
+                    "concurrency_limit",
+                    "an idempotent layer needs a lock (one request per key), not permits",
+                ));
+            }
+            let allowed = [
+                StatusCode::TOO_MANY_REQUESTS,
+                StatusCode::CONFLICT,
+                StatusCode::LOCKED,
+                StatusCode::SERVICE_UNAVAILABLE,
+            ];
+            if !allowed.contains(&c.contention) {
+                return Err(ConfigError::new(
+                    "contention_status",
+                    format!(
+                        "a concurrency limit answers 429, 409, 423 or 503, not {}",
+                        c.contention.as_u16()
+                    ),
+                ));
+            }
+        } else if c.contention != StatusCode::CONFLICT && c.contention != StatusCode::LOCKED {
             return Err(ConfigError::new(
                 "contention_status",
                 format!("must be 409 or 423, not {}", c.contention.as_u16()),

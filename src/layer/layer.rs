@@ -127,6 +127,8 @@ impl<St: LockStore> LockLayer<St> {
                 key,
                 namespace: None,
                 contention: StatusCode::CONFLICT,
+                contention_set: false,
+                permits: None,
                 header: FENCING_TOKEN,
                 body_limit: DEFAULT_BODY_LIMIT,
                 on_store_error: OnStoreError::default(),
@@ -218,9 +220,62 @@ impl<St: LockStore> LockLayerBuilder<St> {
         self
     }
 
-    /// Status on contention: 409 Conflict (default) or 423 Locked.
+    /// Status on contention: 409 Conflict (default) or 423 Locked; with a
+    /// [`concurrency_limit`](LockLayerBuilder::concurrency_limit), 429 Too
+    /// Many Requests (its default), 409, 423 or 503.
     pub fn contention_status(mut self, status: StatusCode) -> Self {
         self.config.contention = status;
+        self.config.contention_set = true;
+        self
+    }
+
+    /// Makes the layer a concurrency limit across every instance of the
+    /// service: at most `permits` requests per key run at once ("at most 4
+    /// exports per tenant"), each holding a permit of the key's
+    /// [`Semaphore`](crate::Semaphore) instead of its lock. Everything else
+    /// is as for the lock: the key, the wait (the locker's wait timeout),
+    /// the lease renewed while the handler runs, the `LockGuard` and the
+    /// fencing token (each permit has its own, rising per key) in the
+    /// request, the release when the response is ready (or its body ends).
+    ///
+    /// | answer | when |
+    /// |---|---|
+    /// | the handler's | a permit was free, or freed within the wait |
+    /// | 429 Too Many Requests (or the [`contention_status`](LockLayerBuilder::contention_status)), `Retry-After`, problem+json | every permit stayed held for the whole wait |
+    /// | 503, `Retry-After`, problem+json | the store failed (unless [`OnStoreError::FailOpen`]) |
+    /// | 400 | no key, or a key the handler would refuse |
+    ///
+    /// `permits` is 1 to 65,536 (checked by [`build`](LockLayerBuilder::build));
+    /// every instance should use the same number (each request counts the
+    /// permits held against its own layer's). Not with
+    /// [`idempotent`](LockLayerBuilder::idempotent), which needs one request
+    /// per key. The store must have semaphores: the memory and Redis stores
+    /// do; [`RedlockStore`](crate::RedlockStore) answers every request 500
+    /// (a misconfiguration).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, routing::post};
+    /// use tower_redis_lock::{KeyFrom, LockLayer, Locker, MemoryStore};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locker = Locker::builder(MemoryStore::new())
+    ///     .wait_timeout(Duration::from_millis(200))
+    ///     .build()?;
+    /// let exports = LockLayer::builder(locker, KeyFrom::path_param::<String>("tenant"))
+    ///     .namespace("exports")
+    ///     .concurrency_limit(4)
+    ///     .build()?;
+    /// let app: Router = Router::new().route(
+    ///     "/tenants/{tenant}/export",
+    ///     post(|| async { "exported" }).route_layer(exports),
+    /// );
+    /// # let _ = app;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn concurrency_limit(mut self, permits: u32) -> Self {
+        self.config.permits = Some(permits);
         self
     }
 
@@ -326,7 +381,10 @@ impl<St: LockStore> LockLayerBuilder<St> {
     /// most [`MAX_RETENTION`](super::MAX_RETENTION)) and the locker's wait
     /// timeout (at most 24 h) are refused past their bounds, never left to
     /// overflow on the request path.
-    pub fn build(self) -> Result<LockLayer<St>, ConfigError> {
+    pub fn build(mut self) -> Result<LockLayer<St>, ConfigError> {
+        if self.config.permits.is_some() && !self.config.contention_set {
+            self.config.contention = StatusCode::TOO_MANY_REQUESTS;
+        }
         self.config.check()?;
         Ok(self.into_layer())
     }

@@ -133,6 +133,11 @@ impl Problem {
         self.key.as_deref()
     }
 
+    pub(crate) fn with_detail(mut self, detail: &str) -> Self {
+        detail.clone_into(&mut self.detail);
+        self
+    }
+
     pub(crate) fn key(mut self, key: Option<&crate::key::LockKey>) -> Self {
         self.key = key.map(|k| k.to_string());
         self

@@ -389,9 +389,13 @@ async fn take<St: LockStore, B>(
     fingerprint: Option<[u8; 32]>,
 ) -> Result<Taken<B>, Problem> {
     let take = async {
-        match &c.idempotency {
-            Some(_) => c.locker.acquire_or_replay(key).await,
-            None => c.locker.acquire(key).await.map(Acquired::Locked),
+        match (&c.idempotency, c.permits) {
+            (_, Some(permits)) => match c.locker.semaphore(key, permits) {
+                Ok(sem) => sem.acquire().await.map(Acquired::Locked),
+                Err(e) => Err(e),
+            },
+            (Some(_), None) => c.locker.acquire_or_replay(key).await,
+            (None, None) => c.locker.acquire(key).await.map(Acquired::Locked),
         }
     };
     let taken = match parent {
@@ -424,7 +428,16 @@ async fn take<St: LockStore, B>(
                 // starts and when it ends; each request it refuses, here.
                 tracing::debug!(key = %key, error = %Chain(&e), "lock store failed; answering 503");
             }
-            let p = Problem::from_error(&e, c.contention).key(Some(key));
+            let mut p = Problem::from_error(&e, c.contention).key(Some(key));
+            if c.permits.is_some() && e.is_contended() {
+                p = p.with_detail(match e {
+                    Error::WaitTimeout { .. } => {
+                        "too many requests for this resource ran at once for the whole wait; \
+                         retry later"
+                    }
+                    _ => "too many requests for this resource are running at once; retry later",
+                });
+            }
             Err(match e {
                 Error::Contended { retry_after, .. } | Error::WaitTimeout { retry_after, .. } => {
                     p.with_retry_after(c.contention_retry(retry_after))

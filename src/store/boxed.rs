@@ -195,6 +195,31 @@ impl LockStore for BoxStore {
         self.inner.subscribe_boxed(key).await
     }
 
+    async fn acquire_permit(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        permits: u32,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        self.inner
+            .acquire_permit_boxed(key, owner, permits, lease)
+            .await
+    }
+
+    async fn extend_permit(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        self.inner.extend_permit_boxed(key, owner, lease).await
+    }
+
+    async fn release_permit(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
+        self.inner.release_permit_boxed(key, owner).await
+    }
+
     fn instance_id(&self) -> usize {
         self.inner.instance_id_boxed()
     }
@@ -261,6 +286,27 @@ trait DynLockStore: Send + Sync + 'static {
         &'a self,
         key: &'a LockKey,
     ) -> BoxFuture<'a, Result<ReleaseWatch, Error>>;
+
+    fn acquire_permit_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        permits: u32,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>>;
+
+    fn extend_permit_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    fn release_permit_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
 
     fn instance_id_boxed(&self) -> usize;
 }
@@ -340,6 +386,33 @@ impl<S: LockStore> DynLockStore for S {
         key: &'a LockKey,
     ) -> BoxFuture<'a, Result<ReleaseWatch, Error>> {
         Box::pin(LockStore::subscribe(self, key))
+    }
+
+    fn acquire_permit_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        permits: u32,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>> {
+        Box::pin(LockStore::acquire_permit(self, key, owner, permits, lease))
+    }
+
+    fn extend_permit_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(LockStore::extend_permit(self, key, owner, lease))
+    }
+
+    fn release_permit_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(LockStore::release_permit(self, key, owner))
     }
 
     fn instance_id_boxed(&self) -> usize {

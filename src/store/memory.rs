@@ -53,6 +53,9 @@ pub struct MemoryStore {
 #[derive(Default)]
 struct State {
     locks: HashMap<LockKey, Held>,
+    /// Each key's permits held: owner and lease end. An empty set is
+    /// removed, so the state is bounded by the permits held.
+    semaphores: HashMap<LockKey, HashMap<OwnerToken, Instant>>,
     records: HashMap<LockKey, (Bytes, Instant)>,
     watchers: HashMap<LockKey, watch::Sender<u64>>,
     last_token: u64,
@@ -72,6 +75,7 @@ impl std::fmt::Debug for MemoryStore {
         let st = self.lock();
         f.debug_struct("MemoryStore")
             .field("locks", &st.locks.len())
+            .field("semaphores", &st.semaphores.len())
             .field("watched_keys", &st.watchers.len())
             .finish()
     }
@@ -101,6 +105,51 @@ impl MemoryStore {
     pub fn is_locked(&self, key: &LockKey) -> bool {
         let now = Instant::now();
         self.lock().locks.get(key).is_some_and(|h| h.expires > now)
+    }
+
+    /// How many unexpired permits of `key`'s semaphore are held.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn permits_held(&self, key: &LockKey) -> usize {
+        let now = Instant::now();
+        self.lock()
+            .live_permits(key, now)
+            .map_or(0, |held| held.len())
+    }
+
+    /// Makes every permit of `key`'s semaphore disappear, as if their
+    /// leases had run out; their holders are not told (their next renewal
+    /// finds out, as with [`lose`](MemoryStore::lose)). Returns how many
+    /// were held.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn lose_permits(&self, key: &LockKey) -> usize {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let n = st.live_permits(key, now).map_or(0, |held| held.len());
+        st.semaphores.remove(key);
+        n
+    }
+
+    /// Whether a waiter is subscribed to `key`'s release notifications
+    /// (tests wait for this before they release).
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn is_watched(&self, key: &LockKey) -> bool {
+        self.lock()
+            .watchers
+            .get(key)
+            .is_some_and(|tx| tx.receiver_count() > 0)
+    }
+
+    /// How many keys the store keeps any state for (locks, permits,
+    /// records, release channels), expired entries included until they
+    /// are swept: what a flood of distinct keys leaves behind.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn keys_kept(&self) -> usize {
+        let st = self.lock();
+        st.locks.len() + st.semaphores.len() + st.records.len() + st.watchers.len()
     }
 
     /// Makes the lock on `key` disappear, as if its lease had run out
@@ -235,6 +284,10 @@ impl State {
         if self.ops_since_sweep >= 1024 {
             self.ops_since_sweep = 0;
             self.locks.retain(|_, h| h.expires > now);
+            self.semaphores.retain(|_, held| {
+                held.retain(|_, expires| *expires > now);
+                !held.is_empty()
+            });
             self.records.retain(|_, (_, expires)| *expires > now);
         }
     }
@@ -292,6 +345,65 @@ impl State {
             },
         );
         AcquireOutcome::Granted(token)
+    }
+
+    /// The live permits of `key` (expired ones removed; an empty set
+    /// dropped), if any are held.
+    fn live_permits(
+        &mut self,
+        key: &LockKey,
+        now: Instant,
+    ) -> Option<&mut HashMap<OwnerToken, Instant>> {
+        let held = self.semaphores.get_mut(key)?;
+        held.retain(|_, expires| *expires > now);
+        if held.is_empty() {
+            self.semaphores.remove(key);
+            return None;
+        }
+        self.semaphores.get_mut(key)
+    }
+
+    fn acquire_permit(
+        &mut self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        permits: u32,
+        lease: Duration,
+        now: Instant,
+    ) -> AcquireOutcome {
+        self.sweep_now_and_then(now);
+        let expires = far_add(now, lease);
+        // (Ours already, an attempt whose answer was lost: its lease is
+        // reset below, and a token minted now is valid for it.)
+        if let Some(held) = self.live_permits(key, now)
+            && !held.contains_key(owner)
+            && held.len() >= permits as usize
+        {
+            let soonest = held.values().min().copied().unwrap_or(now);
+            return AcquireOutcome::Held {
+                remaining: Some(soonest - now),
+            };
+        }
+        self.semaphores
+            .entry(key.clone())
+            .or_default()
+            .insert(owner.clone(), expires);
+        AcquireOutcome::Granted(self.next_token())
+    }
+
+    /// Gives back `owner`'s permit of `key` and wakes its waiters.
+    fn release_permit(&mut self, key: &LockKey, owner: &OwnerToken, now: Instant) -> bool {
+        let Some(held) = self.live_permits(key, now) else {
+            return false;
+        };
+        let ours = held.remove(owner).is_some();
+        if held.is_empty() {
+            self.semaphores.remove(key);
+        }
+        if ours && let Some(tx) = self.watchers.get(key) {
+            tx.send_modify(|n| *n = n.wrapping_add(1));
+        }
+        ours
     }
 
     fn next_token(&mut self) -> FencingToken {
@@ -401,6 +513,46 @@ impl LockStore for MemoryStore {
             .release(key, owner, now))
     }
 
+    async fn acquire_permit(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        permits: u32,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        let now = Instant::now();
+        Ok(self
+            .lock_for(Operation::Acquire, key)?
+            .acquire_permit(key, owner, permits, lease, now))
+    }
+
+    async fn extend_permit(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        let now = Instant::now();
+        let mut st = self.lock_for(Operation::Extend, key)?;
+        match st
+            .live_permits(key, now)
+            .and_then(|held| held.get_mut(owner))
+        {
+            Some(expires) => {
+                *expires = far_add(now, lease);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    async fn release_permit(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
+        let now = Instant::now();
+        Ok(self
+            .lock_for(Operation::Release, key)?
+            .release_permit(key, owner, now))
+    }
+
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {
         let rx = {
             let mut st = self.lock_for(Operation::Subscribe, key)?;
@@ -437,3 +589,6 @@ impl Drop for Unwatch {
         }
     }
 }
+
+#[cfg(test)]
+mod semaphore_model;

@@ -16,6 +16,16 @@
 //! | [`acquire_or_replay`](LockStore::acquire_or_replay) | as `acquire`, but answer the completed record instead if there is one |
 //! | [`finish`](LockStore::finish) | store a completed record and release, as one owner-checked step |
 //! | [`read_record`](LockStore::read_record) | the completed record of a key, if any |
+//! | [`acquire_permit`](LockStore::acquire_permit) | grant one of `permits` permits of a key's semaphore (expired permits freed first) and mint its fencing token in the same step; else report when the soonest permit ends |
+//! | [`extend_permit`](LockStore::extend_permit), [`release_permit`](LockStore::release_permit) | as `extend` and `release`, for one permit |
+//!
+//! A lease is of a [`LeaseKind`]: the lock of a key, or one permit of its
+//! semaphore. The kinds of one key are apart (a permit of `orders:42` and
+//! the lock `orders:42` never see each other) but share the key's fencing
+//! counter, so that tokens of either kind rise together. The permit
+//! methods have defaults that answer a [`ConfigError`](crate::ConfigError)
+//! ("not supported"), so a store without semaphores still compiles and
+//! says so clearly.
 //!
 //! Every store passes the same conformance suite (`tests/conformance.rs`).
 
@@ -59,6 +69,18 @@ pub enum AcquireOutcome {
     Completed(Bytes),
 }
 
+/// What a lease holds: the lock of a key, or one permit of the key's
+/// semaphore. Renewals and releases go to the kind's own operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum LeaseKind {
+    /// The key's lock ([`LockStore::acquire`]).
+    #[default]
+    Lock,
+    /// One permit of the key's semaphore ([`LockStore::acquire_permit`]).
+    Permit,
+}
+
 /// One lease to renew in [`LockStore::extend_many`].
 #[derive(Debug, Clone)]
 pub struct Renewal {
@@ -68,6 +90,16 @@ pub struct Renewal {
     pub owner: OwnerToken,
     /// The new lease, counted from when the store applies it.
     pub lease: Duration,
+    /// What the lease holds: the lock, or a permit.
+    pub kind: LeaseKind,
+}
+
+/// The error of a store that has no semaphores.
+pub(crate) fn permits_unsupported() -> Error {
+    Error::Config(crate::error::ConfigError::new(
+        "permits",
+        "this store does not support semaphores (permits)",
+    ))
 }
 
 /// A backend that keeps locks.
@@ -117,7 +149,10 @@ pub trait LockStore: Send + Sync + 'static {
         async move {
             let mut out = Vec::with_capacity(renewals.len());
             for r in renewals {
-                out.push(self.extend(&r.key, &r.owner, r.lease).await);
+                out.push(match r.kind {
+                    LeaseKind::Lock => self.extend(&r.key, &r.owner, r.lease).await,
+                    LeaseKind::Permit => self.extend_permit(&r.key, &r.owner, r.lease).await,
+                });
             }
             out
         }
@@ -214,7 +249,62 @@ pub trait LockStore: Send + Sync + 'static {
     /// first, then retry — no missed wake-up: a Redis store announces a
     /// release only when an acquire that found the lock held marked it as
     /// waited-for, and the try after subscribing does).
+    ///
+    /// One watch serves both kinds of lease of `key`: it fires on a release
+    /// of the key's lock and of any of its permits (a waiter of the other
+    /// kind just tries again).
     fn subscribe(&self, key: &LockKey) -> impl Future<Output = Result<ReleaseWatch, Error>> + Send;
+
+    /// Grants `owner` one of `permits` permits of `key`'s semaphore for
+    /// `lease`, if fewer than `permits` unexpired permits are held (or
+    /// `owner` holds one already: its lease is reset), minting its fencing
+    /// token from the same counter as the key's lock in the same atomic
+    /// step. Expired permits are freed first. Otherwise answers
+    /// [`AcquireOutcome::Held`] with the time until the soonest permit's
+    /// lease ends. A finding of "no permit" marks the key as waited-for,
+    /// as the lock does, so that the next permit release fires
+    /// [`subscribe`](LockStore::subscribe)'s watch.
+    ///
+    /// `permits` is the caller's: callers that disagree each count against
+    /// their own `permits` (one asking for 5 is granted while 4 are held,
+    /// one asking for 3 is not). The engine checks `permits` (1 to
+    /// 65,536) before calling. The default answers a
+    /// [`ConfigError`](crate::ConfigError): not supported.
+    fn acquire_permit(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        permits: u32,
+        lease: Duration,
+    ) -> impl Future<Output = Result<AcquireOutcome, Error>> + Send {
+        let _ = (key, owner, permits, lease);
+        async { Err(permits_unsupported()) }
+    }
+
+    /// Resets the lease of `owner`'s permit of `key` to `lease`, if it is
+    /// still held and unexpired. `Ok(false)`: not held (expired, released,
+    /// or removed). The default answers "not supported".
+    fn extend_permit(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        let _ = (key, owner, lease);
+        async { Err(permits_unsupported()) }
+    }
+
+    /// Gives back `owner`'s permit of `key` and wakes the key's permit
+    /// waiters. `Ok(false)`: it was no longer held. The default answers
+    /// "not supported".
+    fn release_permit(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        let _ = (key, owner);
+        async { Err(permits_unsupported()) }
+    }
 
     /// Identifies the locks this store works on: clones of one store give
     /// the same id, so a [`LockGuard`](crate::LockGuard) granted through one
@@ -224,6 +314,35 @@ pub trait LockStore: Send + Sync + 'static {
     /// default, the address of `self`, only matches the very same value.
     fn instance_id(&self) -> usize {
         std::ptr::from_ref(self).cast::<()>() as usize
+    }
+}
+
+/// Renews a lease of `kind` (see [`LockStore::extend`] and
+/// [`LockStore::extend_permit`]).
+pub(crate) async fn extend_lease<S: LockStore>(
+    store: &S,
+    kind: LeaseKind,
+    key: &LockKey,
+    owner: &OwnerToken,
+    lease: Duration,
+) -> Result<bool, Error> {
+    match kind {
+        LeaseKind::Lock => store.extend(key, owner, lease).await,
+        LeaseKind::Permit => store.extend_permit(key, owner, lease).await,
+    }
+}
+
+/// Releases a lease of `kind` (see [`LockStore::release`] and
+/// [`LockStore::release_permit`]).
+pub(crate) async fn release_lease<S: LockStore>(
+    store: &S,
+    kind: LeaseKind,
+    key: &LockKey,
+    owner: &OwnerToken,
+) -> Result<bool, Error> {
+    match kind {
+        LeaseKind::Lock => store.release(key, owner).await,
+        LeaseKind::Permit => store.release_permit(key, owner).await,
     }
 }
 

@@ -146,6 +146,7 @@ async fn extend_many_answers_each_renewal_on_its_own() {
         key: k.clone(),
         owner: owner.clone(),
         lease: Duration::from_secs(20),
+        kind: tower_redis_lock::LeaseKind::Lock,
     };
     let answers = store
         .extend_many(&[
@@ -189,6 +190,7 @@ async fn a_dead_connection_fails_every_renewal_of_the_batch() {
             key: k.clone(),
             owner: a.clone(),
             lease: Duration::from_secs(10),
+            kind: tower_redis_lock::LeaseKind::Lock,
         })
         .collect();
     let answers = store.extend_many(&renewals).await;

@@ -282,6 +282,67 @@ async fn contract_with_redis() {
     );
 }
 
+/// The export route: two exports of a tenant run at once, a third gets
+/// 429 problem+json with `Retry-After`; another tenant is not limited; the
+/// permits are given back.
+async fn export_limit<St: LockStore>(locker: Locker<St>) {
+    let server = Server::start(locker.clone()).await;
+    let long = "/tenants/acme/export?work_ms=4000";
+    let spawn = |path: &'static str| {
+        let addr = server.addr;
+        tokio::spawn(async move { send(addr, Method::POST, path).await })
+    };
+    let (a, b) = (spawn(long), spawn(long));
+    until("two exports hold their permits", || locker.renewing() == 2).await;
+    let third = server.post("/tenants/acme/export?work_ms=0").await;
+    assert_eq!(third.status, StatusCode::TOO_MANY_REQUESTS, "{third:?}");
+    assert_eq!(
+        third.header("content-type"),
+        Some("application/problem+json")
+    );
+    let retry: u64 = third
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!(retry >= 1);
+    assert!(third.header("fencing-token").is_none());
+    assert_eq!(third.json()["status"], 429);
+    let other = server.post("/tenants/globex/export?work_ms=0").await;
+    job_ok(&other, "globex");
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    assert_ne!(job_ok(&a, "acme"), job_ok(&b, "acme"));
+    until("every permit is released", || locker.renewing() == 0).await;
+    let after = server.post("/tenants/acme/export?work_ms=0").await;
+    job_ok(&after, "acme");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_limit_with_memory_store() {
+    let store = MemoryStore::new();
+    export_limit(demo_locker(store.clone())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_limit_with_redis() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .expect("redis-server");
+    let store = RedisStore::from_url(&server.url()).expect("store");
+    export_limit(demo_locker(store)).await;
+    let keys = tokio::task::spawn_blocking(move || {
+        let keys = server.keys();
+        drop(server);
+        keys
+    })
+    .await
+    .expect("keys");
+    assert!(
+        keys.iter().all(|k| k.ends_with(":fence")),
+        "left behind: {keys:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Slow and silent clients
 // ---------------------------------------------------------------------------

@@ -234,6 +234,39 @@ pub fn check_exclusion(h: &History, violations: &mut Vec<String>) {
     }
 }
 
+/// Check 1 for a semaphore: never more than `permits` holders relied on
+/// one key at the same time (from the moment each knew it had its permit
+/// to its last look that said held).
+pub fn check_at_most(h: &History, permits: usize, violations: &mut Vec<String>) {
+    for key in keys() {
+        // (time, +1 at a start / -1 at an end); an end sorts before a start
+        // at the same instant.
+        let mut edges: Vec<(u64, i32, &GrantView)> = Vec::new();
+        for g in h.grants.iter().filter(|g| g.key == key) {
+            if let Some((start, end)) = g.reliance() {
+                edges.push((start, 1, g));
+                edges.push((end, -1, g));
+            }
+        }
+        edges.sort_by_key(|&(t, d, _)| (t, d));
+        let mut holding: Vec<&GrantView> = Vec::new();
+        for (t, d, g) in edges {
+            if d < 0 {
+                holding.retain(|h| h.id != g.id);
+                continue;
+            }
+            holding.push(g);
+            if holding.len() > permits {
+                let who: String = holding.iter().map(|g| g.describe()).collect();
+                violations.push(format!(
+                    "at_most: {key}: {} holders of {permits} permits at {t} ns\n{who}",
+                    holding.len()
+                ));
+            }
+        }
+    }
+}
+
 /// Check 1b: nobody got the lock while an earlier holder's guard still
 /// promised it (`valid_for`) and that holder had not given it back. Only
 /// grants known to come later count: asked for after the earlier holder had

@@ -23,6 +23,8 @@ pub struct Workers {
     pub lock_urls: Vec<String>,
     pub resource_url: String,
     pub deadline_ns: u64,
+    /// Permits per key (0: the lock); see `WorkerSpec::permits`.
+    pub permits: u32,
     pub next_id: u32,
     pub running: Vec<Worker>,
     pub finished: Vec<(u32, PathBuf, Option<ExitStatus>)>,
@@ -127,6 +129,7 @@ impl Workers {
             resource_url: self.resource_url.clone(),
             log: log.clone(),
             deadline_ns: self.deadline_ns,
+            permits: self.permits,
         };
         let out = File::create(self.dir.join(format!("worker-{id}.out"))).unwrap();
         let mut cmd = Command::new(&self.exe);

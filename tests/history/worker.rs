@@ -76,19 +76,23 @@ pub struct WorkerSpec {
     pub resource_url: String,
     pub log: PathBuf,
     pub deadline_ns: u64,
+    /// 0: the workers take each key's lock; n: one of the key's n permits
+    /// (and write nothing to the resource, which n holders share).
+    pub permits: u32,
 }
 
 impl WorkerSpec {
     pub fn encode(&self) -> String {
         format!(
-            "id={};seed={};locks={};cluster={};resource={};log={};deadline={}",
+            "id={};seed={};locks={};cluster={};resource={};log={};deadline={};permits={}",
             self.id,
             self.seed,
             self.lock_urls.join(","),
             u8::from(self.cluster),
             self.resource_url,
             self.log.display(),
-            self.deadline_ns
+            self.deadline_ns,
+            self.permits
         )
     }
 
@@ -110,6 +114,7 @@ impl WorkerSpec {
             resource_url: field("resource").to_owned(),
             log: PathBuf::from(field("log")),
             deadline_ns: field("deadline").parse().unwrap(),
+            permits: field("permits").parse().unwrap(),
         }
     }
 }
@@ -216,7 +221,13 @@ pub async fn worker_loop<S: LockStore + Clone>(spec: &WorkerSpec, log: &mut Even
             &normal
         };
         log.event(mono_ns(), "ATTEMPT", format_args!("key=k{k}"));
-        let res = tokio::time::timeout(CALL_GUARD, locker.acquire(&key)).await;
+        let take = async {
+            match spec.permits {
+                0 => locker.acquire(&key).await,
+                n => locker.semaphore(&key, n)?.acquire().await,
+            }
+        };
+        let res = tokio::time::timeout(CALL_GUARD, take).await;
         let t = mono_ns();
         let guard = match res {
             Ok(Ok(guard)) => guard,
@@ -272,7 +283,9 @@ pub async fn worker_loop<S: LockStore + Clone>(spec: &WorkerSpec, log: &mut Even
         };
         observe(log, &grant, &guard);
         let mut writes = 0u32;
-        grant.write(log, &guard, &mut conn, &mut writes).await;
+        grant
+            .write_if(spec, log, &guard, &mut conn, &mut writes)
+            .await;
         match style {
             Style::Short => {}
             Style::Long => {
@@ -285,7 +298,9 @@ pub async fn worker_loop<S: LockStore + Clone>(spec: &WorkerSpec, log: &mut Even
                     observe(log, &grant, &guard);
                     if !wrote_mid && start.elapsed() >= mid {
                         wrote_mid = true;
-                        grant.write(log, &guard, &mut conn, &mut writes).await;
+                        grant
+                            .write_if(spec, log, &guard, &mut conn, &mut writes)
+                            .await;
                     }
                 }
             }
@@ -300,7 +315,9 @@ pub async fn worker_loop<S: LockStore + Clone>(spec: &WorkerSpec, log: &mut Even
                 // A late write, as from a holder that woke up after its
                 // lease: the resource must refuse it once a newer holder
                 // has written.
-                grant.write(log, &guard, &mut conn, &mut writes).await;
+                grant
+                    .write_if(spec, log, &guard, &mut conn, &mut writes)
+                    .await;
             }
         }
         // The last look before giving the lock back.
@@ -359,6 +376,21 @@ pub fn observe(log: &mut EventLog, grant: &Grant, guard: &LockGuard) -> bool {
 }
 
 impl Grant {
+    /// [`write`](Grant::write), for a lock holder only: a permit's holders
+    /// share the resource, so their fenced writes refuse each other.
+    async fn write_if(
+        &self,
+        spec: &WorkerSpec,
+        log: &mut EventLog,
+        guard: &LockGuard,
+        conn: &mut redis::aio::MultiplexedConnection,
+        writes: &mut u32,
+    ) {
+        if spec.permits == 0 {
+            self.write(log, guard, conn, writes).await;
+        }
+    }
+
     /// One fenced write with this grant's token; the value names the grant.
     async fn write(
         &self,

@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod concurrency_limit;
 mod handoff;
 mod idempotency;
 mod keys;

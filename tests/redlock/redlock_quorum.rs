@@ -93,6 +93,7 @@ async fn a_frozen_minority_holds_back_no_renewal_and_no_finish() {
         key: k.clone(),
         owner: owner.clone(),
         lease: HOUR,
+        kind: tower_redis_lock::LeaseKind::Lock,
     };
     let many = timeout(GUARD, store.extend_many(&[renewal]))
         .await

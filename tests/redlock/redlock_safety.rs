@@ -382,6 +382,7 @@ async fn an_extend_with_errors_and_refusals_is_not_a_loss() {
             key: k.clone(),
             owner: owner.clone(),
             lease: LEASE,
+            kind: tower_redis_lock::LeaseKind::Lock,
         }])
         .await;
     assert_eq!(many.len(), 1);

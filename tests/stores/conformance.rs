@@ -158,16 +158,19 @@ macro_rules! conformance {
                             key: k.clone(),
                             owner: a.clone(),
                             lease: Duration::from_secs(5),
+                            kind: tower_redis_lock::LeaseKind::Lock,
                         },
                         tower_redis_lock::Renewal {
                             key: k.clone(),
                             owner: b.clone(),
                             lease: Duration::from_secs(5),
+                            kind: tower_redis_lock::LeaseKind::Lock,
                         },
                         tower_redis_lock::Renewal {
                             key: key("nobody"),
                             owner: a.clone(),
                             lease: Duration::from_secs(5),
+                            kind: tower_redis_lock::LeaseKind::Lock,
                         },
                     ])
                     .await;

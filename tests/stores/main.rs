@@ -16,6 +16,7 @@ mod noscript;
 mod pubsub_leak;
 mod release_notice;
 mod replicas;
+mod semaphore;
 mod sentinel;
 mod store_config;
 mod unfenced;

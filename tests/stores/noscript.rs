@@ -276,11 +276,13 @@ async fn renewals_reload_the_script() {
             key: b.clone(),
             owner: owner.clone(),
             lease: LEASE,
+            kind: tower_redis_lock::LeaseKind::Lock,
         },
         Renewal {
             key: a.clone(),
             owner: other.clone(),
             lease: Duration::from_millis(1),
+            kind: tower_redis_lock::LeaseKind::Lock,
         },
     ];
     let answers = store.extend_many(&renewals).await;
@@ -431,6 +433,7 @@ async fn a_cluster_reloads_a_script_only_on_the_calls_primary() {
         key: k.clone(),
         owner: owner.clone(),
         lease: LEASE,
+        kind: tower_redis_lock::LeaseKind::Lock,
     };
     let many = store.extend_many(&[renewal]).await;
     assert!(matches!(many[..], [Ok(true)]), "{many:?}");

@@ -74,7 +74,8 @@ pub fn boxed<S: LockStore, K>(fixture: (S, K)) -> (BoxStore, K) {
 }
 
 /// The Redis name a [`RedisStore`] with the default prefix gives lock
-/// `ns:id`'s `suffix` (`lock`, `fence`, `record`, `released` or `waited`), from the
+/// `ns:id`'s `suffix` (`lock`, `fence`, `record`, `released`, `waited`, `permits` or
+/// `permits-waited`), from the
 /// store's own accessors; `tests/redis_engine.rs` pins the layout itself.
 pub fn redis_name(ns: &str, id: &str, suffix: &str) -> String {
     // `from_url` does no I/O: the store is only asked for names.
@@ -86,6 +87,8 @@ pub fn redis_name(ns: &str, id: &str, suffix: &str) -> String {
         "record" => store.record_key(&key),
         "released" => store.release_channel(&key),
         "waited" => store.waited_key(&key),
+        "permits" => store.permits_key(&key),
+        "permits-waited" => store.permits_waited_key(&key),
         other => panic!("no Redis name with suffix {other:?}"),
     }
 }

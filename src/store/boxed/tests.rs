@@ -93,6 +93,7 @@ async fn default_methods_reach_the_inner_stores_own_implementation() {
         key: key.clone(),
         owner: owner.clone(),
         lease,
+        kind: crate::store::LeaseKind::Lock,
     };
     let extended = boxed.extend_many(&[renewal]).await;
     assert!(matches!(extended.as_slice(), [Ok(true)]), "{extended:?}");

@@ -9,6 +9,10 @@ pub(super) const FENCE: &str = "fence";
 pub(super) const RECORD: &str = "record";
 pub(super) const RECORD_WRITER: &str = "record-writer";
 pub(super) const RELEASED: &str = "released";
+/// A key's semaphore: a sorted set of the permits held (owner -> lease end).
+pub(super) const PERMITS: &str = "permits";
+/// The semaphore's waited-for mark (as [`WAITED`] is the lock's).
+pub(super) const PERMITS_WAITED: &str = "permits-waited";
 /// The waited-for mark: set by an acquire that finds the lock held, so the
 /// release publishes (only then); deleted by the release, and never
 /// outliving the holder's lease.
@@ -122,6 +126,23 @@ impl RedisStore {
     #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn lock_key(&self, key: &LockKey) -> String {
         self.name(key, LOCK).to_string()
+    }
+
+    /// The Redis key that holds `key`'s semaphore (a sorted set of the
+    /// permits held). A test hook, not part of the stable API.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn permits_key(&self, key: &LockKey) -> String {
+        self.name(key, PERMITS).to_string()
+    }
+
+    /// The Redis key that marks `key`'s semaphore as waited-for (set by a
+    /// permit acquire that finds none free; a permit release publishes only
+    /// then). A test hook, not part of the stable API.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn permits_waited_key(&self, key: &LockKey) -> String {
+        self.name(key, PERMITS_WAITED).to_string()
     }
 
     /// The Redis key that holds the fencing counter of `key`'s bucket (shared

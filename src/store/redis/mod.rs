@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{AcquireOutcome, LockStore, ReleaseWatch, Renewal};
+use super::{AcquireOutcome, LeaseKind, LockStore, ReleaseWatch, Renewal};
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
 use crate::token::OwnerToken;
@@ -42,11 +42,11 @@ use connection::{Conn, Source};
 #[cfg(feature = "sentinel")]
 pub use data_nodes::{DataNodes, NodeTls};
 pub use eviction::EvictionCheck;
-use keys::{LOCK, RECORD, WAITED};
+use keys::{LOCK, PERMITS, RECORD, WAITED};
 use notifier::{Notifier, PubSubSource};
 pub use replicas::ReplicaShortfall;
 use replicas::WaitReplicas;
-use scripts::{Argv, EXTEND, RELEASE, ScriptCall, evalsha, is_no_script};
+use scripts::{Argv, EXTEND, EXTEND_PERMIT, RELEASE, ScriptCall, evalsha, is_no_script};
 pub use settings::RedisStoreBuilder;
 
 /// Locks on one Redis primary (standalone, or the primary of a replicated
@@ -280,7 +280,7 @@ impl LockStore for RedisStore {
             return futures_util::future::join_all(
                 renewals
                     .iter()
-                    .map(|r| self.extend(&r.key, &r.owner, r.lease)),
+                    .map(|r| super::extend_lease(self, r.kind, &r.key, &r.owner, r.lease)),
             )
             .await;
         }
@@ -289,12 +289,17 @@ impl LockStore for RedisStore {
         // type) must not fail the others.
         pipe.ignore_errors();
         for r in renewals {
+            let (script, name) = match r.kind {
+                LeaseKind::Lock => (&EXTEND, LOCK),
+                LeaseKind::Permit => (&EXTEND_PERMIT, PERMITS),
+            };
             pipe.add_command(evalsha(
-                &EXTEND,
-                &[self.name(&r.key, LOCK)],
+                script,
+                &[self.name(&r.key, name)],
                 &[Argv::Str(r.owner.as_str()), Argv::Int(ms(r.lease))],
             ));
         }
+        let permits = renewals.iter().any(|r| r.kind == LeaseKind::Permit);
         let key = (renewals.len() == 1).then(|| &renewals[0].key);
         let no_script = |a: &redis::RedisResult<i64>| matches!(a, Err(e) if is_no_script(e));
         let answers: Vec<redis::RedisResult<i64>> = match self
@@ -302,6 +307,9 @@ impl LockStore for RedisStore {
                 let answers: Vec<redis::RedisResult<i64>> = pipe.query_async(&mut c).await?;
                 if answers.iter().any(no_script) {
                     EXTEND.load_async(&mut c).await?;
+                    if permits {
+                        EXTEND_PERMIT.load_async(&mut c).await?;
+                    }
                     return pipe.query_async(&mut c).await;
                 }
                 Ok(answers)
@@ -349,6 +357,29 @@ impl LockStore for RedisStore {
             })
             .await?;
         Ok(n == 1)
+    }
+
+    async fn acquire_permit(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        permits: u32,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        self.acquire_permit_script(key, owner, permits, lease).await
+    }
+
+    async fn extend_permit(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        self.extend_permit_script(key, owner, lease).await
+    }
+
+    async fn release_permit(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
+        self.release_permit_script(key, owner).await
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {

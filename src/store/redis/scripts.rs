@@ -15,7 +15,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
 
-use super::keys::{FENCE, LOCK, Name, RECORD, RECORD_WRITER, WAITED};
+use super::keys::{
+    FENCE, LOCK, Name, PERMITS, PERMITS_WAITED, RECORD, RECORD_WRITER, RELEASED, WAITED,
+};
 use super::{RedisStore, ms};
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
@@ -33,6 +35,13 @@ pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEA
 static FINISH: LazyLock<Script> = LazyLock::new(|| Script::new(FINISH_SRC));
 pub(super) const TRANSFER_SRC: &str = include_str!("scripts/transfer.lua");
 pub(super) static TRANSFER: LazyLock<Script> = LazyLock::new(|| Script::new(TRANSFER_SRC));
+const ACQUIRE_PERMIT_SRC: &str = include_str!("scripts/acquire_permit.lua");
+pub(super) const EXTEND_PERMIT_SRC: &str = include_str!("scripts/extend_permit.lua");
+const RELEASE_PERMIT_SRC: &str = include_str!("scripts/release_permit.lua");
+static ACQUIRE_PERMIT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_PERMIT_SRC));
+pub(super) static EXTEND_PERMIT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(EXTEND_PERMIT_SRC));
+static RELEASE_PERMIT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_PERMIT_SRC));
 const RAISE_FENCE_SRC: &str = include_str!("scripts/raise_fence.lua");
 const ROLLBACK_SRC: &str = include_str!("scripts/rollback.lua");
 static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_SRC));
@@ -41,7 +50,7 @@ static ROLLBACK: LazyLock<Script> = LazyLock::new(|| Script::new(ROLLBACK_SRC));
 /// The source of one of the scripts above (for loading it where a call
 /// goes; redis-rs keeps a `Script`'s code to itself).
 pub(super) fn source_of(script: &Script) -> &'static str {
-    let scripts: [(&Script, &'static str); 7] = [
+    let scripts: [(&Script, &'static str); 10] = [
         (&ACQUIRE, ACQUIRE_SRC),
         (&EXTEND, EXTEND_SRC),
         (&TRANSFER, TRANSFER_SRC),
@@ -49,6 +58,9 @@ pub(super) fn source_of(script: &Script) -> &'static str {
         (&FINISH, FINISH_SRC),
         (&RAISE_FENCE, RAISE_FENCE_SRC),
         (&ROLLBACK, ROLLBACK_SRC),
+        (&ACQUIRE_PERMIT, ACQUIRE_PERMIT_SRC),
+        (&EXTEND_PERMIT, EXTEND_PERMIT_SRC),
+        (&RELEASE_PERMIT, RELEASE_PERMIT_SRC),
     ];
     scripts
         .into_iter()
@@ -325,6 +337,104 @@ impl RedisStore {
             key: Some(key.clone()),
             source: "the record kept moving between the nodes of a migrating slot".into(),
         })
+    }
+
+    /// The permit grant (acquire_permit.lua).
+    pub(super) async fn acquire_permit_script(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        permits: u32,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        let fencing = self.inner.fencing;
+        let mut args = [
+            Argv::Str(owner.as_str()),
+            Argv::Int(ms(lease)),
+            Argv::Int(u64::from(permits)),
+            Argv::Name(self.name(key, PERMITS_WAITED)),
+            Argv::Str(""),
+            Argv::Str(""),
+            Argv::Str(if self.inner.source.is_cluster() {
+                "1"
+            } else {
+                ""
+            }),
+        ];
+        if fencing {
+            args[4] = Argv::Name(self.name(key, FENCE));
+            args[5] = Argv::Int(self.inner.fence_retention_ms);
+        }
+        let call = ScriptCall::new(&ACQUIRE_PERMIT, &[self.name(key, PERMITS)], &args);
+        let (kind, value): (i64, redis::Value) = self
+            .with_conn(Operation::Acquire, Some(key), |mut c| async move {
+                call.invoke(&mut c).await
+            })
+            .await?;
+        let unexpected = || Error::Unavailable {
+            op: Operation::Acquire,
+            key: Some(key.clone()),
+            source: "unexpected reply from the permit script".into(),
+        };
+        Ok(match (kind, value) {
+            (1 | 3, _) if !fencing => AcquireOutcome::GrantedUnfenced,
+            (1 | 3, redis::Value::BulkString(digits)) => {
+                AcquireOutcome::Granted(FencingToken::new(
+                    std::str::from_utf8(&digits)
+                        .ok()
+                        .and_then(|d| d.parse().ok())
+                        .ok_or_else(unexpected)?,
+                ))
+            }
+            (0, redis::Value::Int(n)) => AcquireOutcome::Held {
+                remaining: Some(Duration::from_millis(n.max(0) as u64)),
+            },
+            _ => return Err(unexpected()),
+        })
+    }
+
+    /// The permit renewal (extend_permit.lua).
+    pub(super) async fn extend_permit_script(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        let call = ScriptCall::new(
+            &EXTEND_PERMIT,
+            &[self.name(key, PERMITS)],
+            &[Argv::Str(owner.as_str()), Argv::Int(ms(lease))],
+        );
+        let n: i64 = self
+            .with_conn(Operation::Extend, Some(key), |mut c| async move {
+                call.invoke(&mut c).await
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// The permit release (release_permit.lua).
+    pub(super) async fn release_permit_script(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+    ) -> Result<bool, Error> {
+        let call = ScriptCall::new(
+            &RELEASE_PERMIT,
+            &[self.name(key, PERMITS)],
+            &[
+                Argv::Str(owner.as_str()),
+                Argv::Str(self.publish_command()),
+                Argv::Name(self.name(key, PERMITS_WAITED)),
+                Argv::Name(self.name(key, RELEASED)),
+            ],
+        );
+        let n: i64 = self
+            .with_conn(Operation::Release, Some(key), |mut c| async move {
+                call.invoke(&mut c).await
+            })
+            .await?;
+        Ok(n == 1)
     }
 
     /// Raises `key`'s fencing counter to at least `token`, so that the next
