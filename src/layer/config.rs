@@ -222,6 +222,7 @@ impl<St: LockStore> Config<St> {
         if let Some(ns) = &c.namespace {
             validate_name(ns, false).map_err(|e| ConfigError::new("namespace", e.to_string()))?;
         }
+        crate::layer::idempotency::check_fencing_header(&c.header)?;
         if c.body_limit == 0 {
             return Err(ConfigError::new("body_limit", "must be at least 1 byte"));
         }

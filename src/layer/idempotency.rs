@@ -56,6 +56,37 @@ pub(crate) static ANSWER_HEADERS: [HeaderName; 8] = [
     header::ALLOW,
 ];
 
+/// The bounds on how a record is kept: a retention of 1 s to
+/// [`MAX_RETENTION`] and a stored body of at most 64 MiB (a layer's
+/// settings, and a hand-off's read back from a worker's job).
+pub(crate) fn check_record(retention: Duration, max_body: usize) -> Result<(), ConfigError> {
+    if retention < Duration::from_secs(1) {
+        return Err(ConfigError::new("retention", "must be at least 1 s"));
+    }
+    if retention > MAX_RETENTION {
+        return Err(ConfigError::new("retention", "must be at most 365 days"));
+    }
+    if max_body > 64 << 20 {
+        return Err(ConfigError::new(
+            "max_stored_body",
+            "must be at most 64 MiB",
+        ));
+    }
+    Ok(())
+}
+
+/// A fencing-token header may not be one that describes the connection or
+/// the transfer ([`never_stored`]): the token would replace it.
+pub(crate) fn check_fencing_header(name: &HeaderName) -> Result<(), ConfigError> {
+    if never_stored(name) {
+        return Err(ConfigError::new(
+            "fencing_header",
+            format!("`{name}` describes the connection or the transfer, not the answer"),
+        ));
+    }
+    Ok(())
+}
+
 /// Headers never stored, whatever the list says: they describe one
 /// connection, one transfer or one moment (`Date`: a replay is sent now),
 /// not the answer.
@@ -265,22 +296,11 @@ impl Idempotency {
     }
 
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
-        if self.retention < Duration::from_secs(1) {
-            return Err(ConfigError::new("retention", "must be at least 1 s"));
-        }
-        if self.retention > MAX_RETENTION {
-            return Err(ConfigError::new("retention", "must be at most 365 days"));
-        }
+        check_record(self.retention, self.max_body)?;
         if self.scope.as_ref().is_some_and(KeyFrom::needs_body) {
             return Err(ConfigError::new(
                 "scope",
                 "the client scope must be read from the request head, not its body",
-            ));
-        }
-        if self.max_body > 64 << 20 {
-            return Err(ConfigError::new(
-                "max_stored_body",
-                "must be at most 64 MiB",
             ));
         }
         Ok(())

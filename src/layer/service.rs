@@ -233,6 +233,10 @@ where
     let res = run(c, inner, req, &guard, &key, &slot).await?;
     if slot.handed_off() {
         tracing::debug!(key = %key, status = res.status().as_u16(), "lock handed off to background work; answered without releasing it");
+        // Marked, so that an enclosing idempotent layer does not store
+        // this interim answer as its key's outcome either.
+        let mut res = res;
+        res.extensions_mut().insert(HandedOffBelow);
         return Ok(res.map(|b| ResponseBody::inner(b, None)));
     }
     // 4. Its outcome stored (idempotency), and the lock released. How long
@@ -244,6 +248,11 @@ where
     }
     Ok(res)
 }
+
+/// In a response's extensions: a lock layer handed its request's lock off
+/// to background work (see `HandOff`).
+#[derive(Clone, Copy, Debug)]
+struct HandedOffBelow;
 
 /// What step 1 found.
 enum Keyed<B> {
@@ -583,7 +592,16 @@ async fn complete<St, B>(
 where
     B: http_body::Body<Data = Bytes>,
 {
-    if c.idempotency.is_some() && guard.is_given_back() {
+    if c.idempotency.is_some() && res.extensions().get::<HandedOffBelow>().is_some() {
+        // A lock layer inside this one handed its lock off: this answer is
+        // an interim one (a 202), the work's outcome is stored under the
+        // inner key by the work. Nothing stored here, so that a retry after
+        // work that failed (and released) runs again.
+        tracing::debug!(
+            key = %key,
+            "a lock inside this one was handed off: the interim answer is not stored"
+        );
+    } else if c.idempotency.is_some() && guard.is_given_back() {
         // The handler released (or finished) the lock itself: it chose not
         // to leave this response as the key's outcome (see `Idempotency`).
         tracing::debug!(

@@ -6,6 +6,7 @@ mod support;
 
 mod concurrency_limit;
 mod handoff;
+mod handoff_review;
 mod idempotency;
 mod keys;
 mod layer;

@@ -69,6 +69,7 @@ mod wire {
 
     use super::{ExportedHandOff, RecordSpec};
     use crate::engine::ExportedLease;
+    use crate::layer::idempotency::{check_fencing_header, check_record};
 
     #[derive(serde::Serialize, serde::Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -130,17 +131,24 @@ mod wire {
         fn try_from(w: Wire) -> Result<ExportedHandOff, String> {
             let record = match w.record {
                 None => None,
-                Some(r) => Some(RecordSpec {
-                    fingerprint: r.fingerprint.as_deref().map(fingerprint).transpose()?,
-                    retention: Duration::from_millis(r.retention_ms),
-                    max_body: r.max_body,
-                    headers: r
-                        .headers
-                        .iter()
-                        .map(|h| header(h))
-                        .collect::<Result<_, _>>()?,
-                    fencing_header: header(&r.fencing_header)?,
-                }),
+                Some(r) => {
+                    // The bounds a layer's settings are held to.
+                    let retention = Duration::from_millis(r.retention_ms);
+                    check_record(retention, r.max_body).map_err(|e| e.to_string())?;
+                    let fencing_header = header(&r.fencing_header)?;
+                    check_fencing_header(&fencing_header).map_err(|e| e.to_string())?;
+                    Some(RecordSpec {
+                        fingerprint: r.fingerprint.as_deref().map(fingerprint).transpose()?,
+                        retention,
+                        max_body: r.max_body,
+                        headers: r
+                            .headers
+                            .iter()
+                            .map(|h| header(h))
+                            .collect::<Result<_, _>>()?,
+                        fencing_header,
+                    })
+                }
             };
             Ok(ExportedHandOff {
                 lease: w.lease,
