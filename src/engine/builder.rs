@@ -3,14 +3,9 @@
 use std::time::Duration;
 
 use super::locker::Locker;
-use super::options::Options;
+use super::options::{MAX_LEASE, MIN_LEASE, Options};
 use crate::error::ConfigError;
 use crate::store::LockStore;
-
-/// The shortest lease a locker takes (and an exported lease may carry).
-pub(crate) const MIN_LEASE: Duration = Duration::from_millis(10);
-/// The longest.
-pub(crate) const MAX_LEASE: Duration = Duration::from_secs(86_400);
 
 /// Builds a [`Locker`]; settings are checked in [`build`](LockerBuilder::build).
 #[derive(Debug)]

@@ -109,7 +109,7 @@ mod wire {
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     use super::ExportedLease;
-    use crate::engine::builder::{MAX_LEASE, MIN_LEASE};
+    use crate::engine::options::{MAX_LEASE, MIN_LEASE};
     use crate::key::LockKey;
     use crate::token::{FencingToken, OwnerToken, Unfenced};
 

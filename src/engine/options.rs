@@ -33,3 +33,8 @@ impl Default for Options {
         }
     }
 }
+
+/// The shortest lease a locker takes (and an exported lease may carry).
+pub(crate) const MIN_LEASE: Duration = Duration::from_millis(10);
+/// The longest.
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(86_400);
