@@ -78,6 +78,25 @@ impl LockKey {
         })
     }
 
+    /// A key read back from a store's name: `id` as [`id`](LockKey::id)
+    /// gave it (verbatim, or `~` and a hash), not hashed again. `None` when
+    /// it is not one this crate writes.
+    pub(crate) fn from_stored(namespace: &str, id: &str) -> Option<Self> {
+        validate_name(namespace, false).ok()?;
+        let hashed =
+            id.len() == 33 && id.starts_with('~') && id[1..].bytes().all(|b| b.is_ascii_hexdigit());
+        let verbatim = !id.is_empty()
+            && id.len() <= MAX_VERBATIM_ID
+            && !id.starts_with('~')
+            && id
+                .bytes()
+                .all(|b| (0x21..=0x7e).contains(&b) && b != b'{' && b != b'}');
+        (hashed || verbatim).then(|| LockKey {
+            full: format!("{namespace}:{id}").into(),
+            ns_len: namespace.len(),
+        })
+    }
+
     /// The namespace part.
     pub fn namespace(&self) -> &str {
         &self.full[..self.ns_len]

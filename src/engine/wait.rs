@@ -250,11 +250,9 @@ impl<S: LockStore> Locker<S> {
         let pending = PendingAttempt::new(store, key, owner, first, &runtime);
         // On an error (timeout, connection lost) the grant may still have
         // happened: `pending` releases it in the background.
-        let outcome = if replay {
-            store.acquire_or_replay(key, owner, first).await?
-        } else {
-            store.acquire(key, owner, first).await?
-        };
+        let outcome = store
+            .acquire_labelled(key, owner, first, o.label.as_ref(), replay)
+            .await?;
         pending.disarm();
         let token = match outcome {
             AcquireOutcome::Granted(token) => Ok(token),

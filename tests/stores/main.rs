@@ -10,6 +10,7 @@ mod credentials;
 mod eviction;
 mod network_faults;
 mod noscript;
+mod operator;
 mod pubsub_leak;
 mod release_notice;
 mod replicas;

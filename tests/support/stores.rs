@@ -74,7 +74,7 @@ pub fn boxed<S: LockStore, K>(fixture: (S, K)) -> (BoxStore, K) {
 }
 
 /// The Redis name a [`RedisStore`] with the default prefix gives lock
-/// `ns:id`'s `suffix` (`lock`, `fence`, `record`, `released` or `waited`), from the
+/// `ns:id`'s `suffix` (`lock`, `fence`, `record`, `released`, `waited` or `holder`), from the
 /// store's own accessors; `tests/redis_engine.rs` pins the layout itself.
 pub fn redis_name(ns: &str, id: &str, suffix: &str) -> String {
     // `from_url` does no I/O: the store is only asked for names.
@@ -86,6 +86,14 @@ pub fn redis_name(ns: &str, id: &str, suffix: &str) -> String {
         "record" => store.record_key(&key),
         "released" => store.release_channel(&key),
         "waited" => store.waited_key(&key),
+        // The holder record sits next to the lock (README, "Key layout").
+        "holder" => format!(
+            "{}holder",
+            store
+                .lock_key(&key)
+                .strip_suffix("lock")
+                .expect("a lock name")
+        ),
         other => panic!("no Redis name with suffix {other:?}"),
     }
 }
