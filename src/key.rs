@@ -78,11 +78,24 @@ impl LockKey {
         })
     }
 
-    /// A key read back from a store's name: `id` as [`id`](LockKey::id)
-    /// gave it (verbatim, or `~` and a hash), not hashed again. `None` when
-    /// it is not one this crate writes.
-    pub(crate) fn from_stored(namespace: &str, id: &str) -> Option<Self> {
-        validate_name(namespace, false).ok()?;
+    /// The key whose [`id`](LockKey::id) is `id`, as logs, errors and
+    /// listings ([`Locker::list`](crate::Locker::list)) show it: a verbatim
+    /// id, or `~` and the hash of a long or odd one (which
+    /// [`new`](LockKey::new) would hash again). For operators, who find a
+    /// lock by what they were shown.
+    ///
+    /// ```
+    /// use tower_redis_lock::LockKey;
+    ///
+    /// let long = LockKey::new("orders", "x".repeat(300))?;
+    /// assert!(long.is_hashed());
+    /// assert_eq!(LockKey::from_shown("orders", long.id())?, long);
+    /// assert_eq!(LockKey::from_shown("orders", "42")?, LockKey::new("orders", "42")?);
+    /// assert!(LockKey::from_shown("orders", "~not-a-hash").is_err());
+    /// # Ok::<(), tower_redis_lock::KeyError>(())
+    /// ```
+    pub fn from_shown(namespace: &str, id: &str) -> Result<Self, KeyError> {
+        validate_name(namespace, false)?;
         let hashed =
             id.len() == 33 && id.starts_with('~') && id[1..].bytes().all(|b| b.is_ascii_hexdigit());
         let verbatim = !id.is_empty()
@@ -91,7 +104,12 @@ impl LockKey {
             && id
                 .bytes()
                 .all(|b| (0x21..=0x7e).contains(&b) && b != b'{' && b != b'}');
-        (hashed || verbatim).then(|| LockKey {
+        if !(hashed || verbatim) {
+            return Err(KeyError {
+                reason: "not an id as this crate shows it (verbatim, or `~` and 32 hex digits)",
+            });
+        }
+        Ok(LockKey {
             full: format!("{namespace}:{id}").into(),
             ns_len: namespace.len(),
         })

@@ -218,3 +218,61 @@ async fn redlock_inspect_reports_the_majority_view() {
         [seen.holder]
     );
 }
+
+/// A bucket counter ahead of the clock (a primary whose clock runs behind
+/// the one before a failover): the old holder's token is the counter, and
+/// the fence must still be above it, not equal (a fenced resource accepts
+/// an equal token).
+#[tokio::test]
+async fn a_forced_release_fences_out_a_holder_whose_token_is_ahead_of_the_clock() {
+    let server = RedisServer::start();
+    let l = Locker::new(RedisStore::from_url(&server.url()).unwrap());
+    let ahead = "9000000000000000";
+    server.cmd(&[
+        "SET",
+        &stores::redis_name("ops", "ahead", "fence"),
+        ahead,
+        "PX",
+        "600000",
+    ]);
+    let k = key("ahead");
+    let old = l.acquire(&k).await.unwrap();
+    let old_token = old.fencing_token().unwrap();
+    assert!(old_token.get() > 9_000_000_000_000_000);
+    let fence = l.force_release(&k, "test").await.unwrap().fence.unwrap();
+    assert!(fence > old_token, "{fence} is not above {old_token}");
+    let next = l.acquire(&k).await.unwrap();
+    assert!(next.fencing_token().unwrap() > fence);
+}
+
+/// Redlock: one node's counter ahead of the others. The forced release's
+/// fence is raised on every node, so that the next grant (the
+/// quorum-th largest of the nodes' tokens when all grant) is above it.
+#[tokio::test]
+async fn redlock_a_forced_release_raises_the_fence_on_every_node() {
+    let (store, servers) = stores::redlock(3);
+    let l = Locker::new(store);
+    let k = key("redlock-fence");
+    let old = l.acquire(&k).await.unwrap();
+    let ahead = old.fencing_token().unwrap().get() + 1_000_000_000_000;
+    servers[0].cmd(&[
+        "SET",
+        &stores::redis_name("ops", "redlock-fence", "fence"),
+        &ahead.to_string(),
+        "PX",
+        "600000",
+    ]);
+    let fence = l
+        .force_release(&k, "test")
+        .await
+        .unwrap()
+        .fence
+        .expect("every node answered");
+    assert!(fence.get() > ahead);
+    let next = l.acquire(&k).await.unwrap();
+    assert!(
+        next.fencing_token().unwrap() > fence,
+        "{} after {fence}",
+        next.fencing_token().unwrap()
+    );
+}

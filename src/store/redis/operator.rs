@@ -150,7 +150,7 @@ impl RedisStore {
         let rest = rest.strip_prefix(":{")?.strip_prefix(namespace)?;
         let rest = rest.get(..1).filter(|c| *c == ":").and(rest.get(1..))?;
         let id = rest.get(5..)?.strip_suffix(":lock")?;
-        LockKey::from_stored(namespace, id)
+        LockKey::from_shown(namespace, id).ok()
     }
 
     /// One `SCAN` step from `at`, on one node (a Cluster primary by its
