@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod holder_info;
 mod idempotency;
 mod keys;
 mod layer;
