@@ -172,6 +172,34 @@ pub struct HolderInfo {
     pub waiters: bool,
 }
 
+impl HolderInfo {
+    /// What a store knows at least: the lock and its holder; the rest
+    /// unknown (set the public fields a store does know). For a
+    /// [`LockStore`](crate::LockStore) of another crate, which cannot
+    /// build this non-exhaustive struct with a literal.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_lock::{HolderId, HolderInfo, LockKey, OwnerToken};
+    ///
+    /// let mut info = HolderInfo::new(LockKey::new("jobs", "1")?, HolderId::of(&OwnerToken::generate()));
+    /// info.remaining = Some(Duration::from_secs(5));
+    /// assert_eq!(info.label, None);
+    /// # Ok::<(), tower_redis_lock::KeyError>(())
+    /// ```
+    pub fn new(key: LockKey, holder: HolderId) -> Self {
+        HolderInfo {
+            key,
+            holder,
+            label: None,
+            fencing_token: None,
+            granted_at: None,
+            remaining: None,
+            waiters: false,
+        }
+    }
+}
+
 /// Where a listing goes on: [`HolderPage::next`] of the page before, or
 /// [`ListCursor::start`] for the first page.
 ///
@@ -216,6 +244,13 @@ pub struct HolderPage {
     pub next: Option<ListCursor>,
 }
 
+impl HolderPage {
+    /// A page of `locks`, going on at `next` (`None`: the listing is done).
+    pub fn new(locks: Vec<HolderInfo>, next: Option<ListCursor>) -> Self {
+        HolderPage { locks, next }
+    }
+}
+
 /// What [`force_release`](crate::Locker::force_release) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -229,6 +264,13 @@ pub struct ForcedRelease {
     /// `fencing_token` column of your table) to refuse the old holder's
     /// writes at once, before a new holder writes.
     pub fence: Option<FencingToken>,
+}
+
+impl ForcedRelease {
+    /// Whether a lock was removed, and the fence raised, if any.
+    pub fn new(released: bool, fence: Option<FencingToken>) -> Self {
+        ForcedRelease { released, fence }
+    }
 }
 
 /// The text a holder record keeps: `<token> <granted µs> <label>` (the
