@@ -23,6 +23,12 @@ pub enum Operation {
     Release,
     /// Subscribing to release notifications.
     Subscribe,
+    /// Reading who holds a lock (an operator's `inspect`).
+    Inspect,
+    /// Listing the held locks of a namespace.
+    List,
+    /// Removing a lock whoever holds it (an operator's `force_release`).
+    ForceRelease,
 }
 
 impl fmt::Display for Operation {
@@ -33,6 +39,9 @@ impl fmt::Display for Operation {
             Operation::Extend => "extend",
             Operation::Release => "release",
             Operation::Subscribe => "subscribe",
+            Operation::Inspect => "inspect",
+            Operation::List => "list",
+            Operation::ForceRelease => "force release",
         })
     }
 }

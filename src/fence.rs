@@ -34,6 +34,22 @@ pub enum FenceOutcome {
     },
 }
 
+// KEYS[1] resource hash; ARGV[1] token
+// -> the highest token seen afterwards (the value is left as it is)
+static FENCED_RAISE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local seen = tonumber(redis.call('HGET', KEYS[1], 'fencing_token'))
+local token = tonumber(ARGV[1])
+if seen and seen >= token then
+  return seen
+end
+redis.call('HSET', KEYS[1], 'fencing_token', ARGV[1])
+return token
+"#,
+    )
+});
+
 /// A value in Redis that only accepts writes carrying a fencing token at
 /// least as high as any it has seen — the check that makes fencing tokens
 /// useful. A holder that was paused past its lease (GC, swap, a frozen VM)
@@ -102,6 +118,41 @@ impl FencedResource {
                 seen: FencingToken::new(n),
             }
         })
+    }
+
+    /// Raises the highest token seen to `token` without writing a value
+    /// (nothing if it is higher already), so that every write with a lower
+    /// token is refused from now on: the fence of a
+    /// [`force_release`](crate::Locker::force_release), applied before the
+    /// next holder writes. Answers the highest token seen afterwards.
+    ///
+    /// ```no_run
+    /// use tower_redis_lock::{FencedResource, LockKey, Locker, RedisStore};
+    ///
+    /// # async fn demo(mut conn: redis::aio::MultiplexedConnection) -> Result<(), Box<dyn std::error::Error>> {
+    /// let locker = Locker::new(RedisStore::from_url("redis://127.0.0.1/")?);
+    /// let key = LockKey::new("accounts", "acc_1")?;
+    /// let forced = locker.force_release(&key, "ops: stuck batch").await?;
+    /// if let Some(fence) = forced.fence {
+    ///     FencedResource::new("balance:acc_1").raise(&mut conn, fence).await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn raise<C>(
+        &self,
+        conn: &mut C,
+        token: FencingToken,
+    ) -> redis::RedisResult<FencingToken>
+    where
+        C: redis::aio::ConnectionLike + Send,
+    {
+        let seen: u64 = FENCED_RAISE
+            .key(&self.key)
+            .arg(token.get())
+            .invoke_async(conn)
+            .await?;
+        Ok(FencingToken::new(seen))
     }
 
     /// The current value and the token that wrote it.

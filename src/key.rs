@@ -84,27 +84,49 @@ impl LockKey {
     /// digits. (For an exported lease read back from elsewhere.)
     #[cfg_attr(not(feature = "serde"), allow(dead_code))]
     pub(crate) fn from_stored(full: &str) -> Result<Self, KeyError> {
-        let bad = KeyError {
+        let (namespace, id) = full.split_once(':').ok_or(KeyError {
             reason: "not a stored lock key (namespace:id)",
-        };
-        let (namespace, id) = full.split_once(':').ok_or(bad.clone())?;
+        })?;
+        Self::from_shown(namespace, id)
+    }
+
+    /// The key whose [`id`](LockKey::id) is `id`, as logs, errors and
+    /// listings ([`Locker::list`](crate::Locker::list)) show it: a verbatim
+    /// id, or `~` and the hash of a long or odd one (which
+    /// [`new`](LockKey::new) would hash again). For operators, who find a
+    /// lock by what they were shown.
+    ///
+    /// ```
+    /// use tower_redis_lock::LockKey;
+    ///
+    /// let long = LockKey::new("orders", "x".repeat(300))?;
+    /// assert!(long.is_hashed());
+    /// assert_eq!(LockKey::from_shown("orders", long.id())?, long);
+    /// assert_eq!(LockKey::from_shown("orders", "42")?, LockKey::new("orders", "42")?);
+    /// assert!(LockKey::from_shown("orders", "~not-a-hash").is_err());
+    /// # Ok::<(), tower_redis_lock::KeyError>(())
+    /// ```
+    pub fn from_shown(namespace: &str, id: &str) -> Result<Self, KeyError> {
         validate_name(namespace, false)?;
-        let b = id.as_bytes();
-        let verbatim = !b.is_empty()
-            && b.len() <= MAX_VERBATIM_ID
-            && b[0] != b'~'
-            && b.iter()
-                .all(|&c| (0x21..=0x7e).contains(&c) && c != b'{' && c != b'}');
-        let hashed = b.len() == 33
-            && b[0] == b'~'
-            && b[1..]
-                .iter()
-                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c));
-        if !verbatim && !hashed {
-            return Err(bad);
+        // `new` writes the hash in lowercase hex.
+        let hashed = id.len() == 33
+            && id.starts_with('~')
+            && id[1..]
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        let verbatim = !id.is_empty()
+            && id.len() <= MAX_VERBATIM_ID
+            && !id.starts_with('~')
+            && id
+                .bytes()
+                .all(|b| (0x21..=0x7e).contains(&b) && b != b'{' && b != b'}');
+        if !(hashed || verbatim) {
+            return Err(KeyError {
+                reason: "not an id as this crate shows it (verbatim, or `~` and 32 hex digits)",
+            });
         }
         Ok(LockKey {
-            full: full.into(),
+            full: format!("{namespace}:{id}").into(),
             ns_len: namespace.len(),
         })
     }

@@ -41,6 +41,7 @@ pub use layer::{
     problem::{Problem, ProblemKind},
 };
 pub use store::BoxStore;
+pub use store::holder::{ForcedRelease, HolderId, HolderInfo, HolderLabel, HolderPage, ListCursor};
 #[cfg(feature = "sentinel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub use store::redis::{DataNodes, NodeTls};

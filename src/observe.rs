@@ -222,5 +222,8 @@ fn op_name(op: Operation) -> &'static str {
         Operation::Extend => "extend",
         Operation::Release => "release",
         Operation::Subscribe => "subscribe",
+        Operation::Inspect => "inspect",
+        Operation::List => "list",
+        Operation::ForceRelease => "force_release",
     }
 }

@@ -36,6 +36,12 @@ struct TlsServer {
 
 impl TlsServer {
     fn start() -> TlsServer {
+        TlsServer::start_with("no")
+    }
+
+    /// With `tls-auth-clients` as given (`yes`: every client must present
+    /// a certificate the server's CA signed).
+    fn start_with(auth_clients: &str) -> TlsServer {
         let dir = make_certs();
         let d = dir.path();
         let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
@@ -49,7 +55,7 @@ impl TlsServer {
             .args(["--tls-cert-file", &path("server.crt")])
             .args(["--tls-key-file", &path("server.key")])
             .args(["--tls-ca-cert-file", &path("ca.crt")])
-            .args(["--tls-auth-clients", "no"])
+            .args(["--tls-auth-clients", auth_clients])
             .args(["--save", "", "--appendonly", "no", "--dir", &path("")])
             .args(["--maxmemory-policy", "noeviction"])
             .stdout(Stdio::null())
@@ -421,4 +427,156 @@ async fn sentinel_data_nodes_get_the_client_certificate_given() {
             .unwrap(),
     )
     .await;
+}
+
+/// A URL store trusts the private CA given to its builder (commands and
+/// notifications), with no client code of the application's own.
+#[tokio::test]
+async fn a_url_store_trusts_the_private_ca_given_to_its_builder() {
+    let server = TlsServer::start();
+    let store = RedisStore::builder(&server.url())
+        .root_certificates(server.pem("ca.crt"))
+        .command_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    grants_and_releases(store).await;
+}
+
+/// Given the wrong CA, the store is refused at the handshake, and the
+/// locker's log line for the outage says why (the TLS cause, not only
+/// "unavailable").
+#[tokio::test]
+async fn a_url_store_given_another_ca_is_refused_and_the_log_says_why() {
+    let server = TlsServer::start();
+    let store = || {
+        RedisStore::builder(&server.url())
+            .root_certificates(server.pem("other-ca.crt"))
+            .command_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap()
+    };
+    refused_promptly(store()).await;
+    let (logs, _guard) = support::logs::Logs::capture();
+    let locker = Locker::new(store());
+    let err = locker
+        .try_acquire(&LockKey::new("tls", "logged").unwrap())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    let text = logs.text();
+    let line = text
+        .lines()
+        .find(|l| l.contains("ERROR"))
+        .unwrap_or_else(|| panic!("no ERROR line: {text}"));
+    assert!(
+        line.to_lowercase().contains("certificate") || line.contains("UnknownIssuer"),
+        "the cause is not in the log line: {line}"
+    );
+}
+
+/// A server that asks every client for a certificate: the one given to
+/// the builder is presented; without it the store is refused.
+#[tokio::test]
+async fn a_url_store_presents_the_client_certificate_given_to_its_builder() {
+    let server = TlsServer::start_with("yes");
+    let with = RedisStore::builder(&server.url())
+        .root_certificates(server.pem("ca.crt"))
+        .client_certificate(server.pem("server.crt"), server.pem("server.key"))
+        .command_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    grants_and_releases(with).await;
+    let without = RedisStore::builder(&server.url())
+        .root_certificates(server.pem("ca.crt"))
+        .command_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let key = LockKey::new("tls", "no-client-cert").unwrap();
+    let err = tokio::time::timeout(
+        Duration::from_secs(30),
+        without.acquire(&key, &OwnerToken::generate(), Duration::from_secs(10)),
+    )
+    .await
+    .expect("the acquire hung")
+    .unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+}
+
+/// Certificates are for a `rediss://` URL store: on a plain URL, or a
+/// store of another kind, `build` says so.
+#[test]
+fn certificates_on_a_store_that_cannot_use_them_are_a_config_error() {
+    let plain = RedisStore::builder("redis://127.0.0.1:6379/")
+        .root_certificates(b"-----BEGIN CERTIFICATE-----".to_vec())
+        .build()
+        .unwrap_err();
+    assert_eq!(plain.setting(), "root_certificates");
+    assert!(plain.to_string().contains("rediss://"), "{plain}");
+    let cluster = RedisStore::cluster_builder(&["rediss://127.0.0.1:7000/"])
+        .client_certificate(b"cert".to_vec(), b"key".to_vec())
+        .build()
+        .unwrap_err();
+    assert_eq!(cluster.setting(), "client_certificate");
+}
+
+/// The route without code: `SSL_CERT_FILE` names a PEM bundle holding
+/// the private CA, and a store made from the URL alone trusts it (the
+/// roots are read at each connection). The variable is process-wide and
+/// setting it while other threads read the environment is unsound, so the
+/// store runs in a child process of this test binary (the test below,
+/// which does the work only when the parent gives it a URL), with the
+/// variable set for that process alone; without it, the same child is
+/// refused.
+#[test]
+fn ssl_cert_file_makes_a_url_store_trust_the_private_ca() {
+    let server = TlsServer::start();
+    let child = |bundle: Option<&Path>| {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "--exact",
+            "ssl_cert_file_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("TRL_TLS_CHILD_URL", server.url())
+        .env_remove("SSL_CERT_FILE");
+        if let Some(b) = bundle {
+            cmd.env("SSL_CERT_FILE", b);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (ok, out) = child(Some(&server.dir.path().join("ca.crt")));
+    assert!(ok && out.contains("granted over TLS"), "{out}");
+    let (ok, out) = child(None);
+    assert!(!ok, "trusted without the bundle: {out}");
+}
+
+/// The child of the test above: with `TRL_TLS_CHILD_URL`, takes a lock on
+/// that URL (and fails if it cannot); run by the suite, does nothing.
+#[tokio::test]
+async fn ssl_cert_file_child() {
+    let Ok(url) = std::env::var("TRL_TLS_CHILD_URL") else {
+        return;
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let store = RedisStore::builder(&url)
+        .command_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let granted = store
+        .acquire(
+            &LockKey::new("tls", "ssl-cert-file").unwrap(),
+            &OwnerToken::generate(),
+            Duration::from_secs(10),
+        )
+        .await;
+    assert!(
+        matches!(granted, Ok(tower_redis_lock::AcquireOutcome::Granted(_))),
+        "{granted:?}"
+    );
+    println!("granted over TLS");
 }

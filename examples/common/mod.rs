@@ -104,6 +104,8 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
     }
 
     /// A whole number of milliseconds in `name`, zero included.
+    // (The admin example reads no duration of its own.)
+    #[allow(dead_code)]
     pub fn millis(&self, name: &str, default: Duration) -> Result<Duration, String> {
         match self.get(name) {
             None => Ok(default),

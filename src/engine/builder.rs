@@ -6,6 +6,7 @@ use super::locker::Locker;
 use super::options::{MAX_LEASE, MIN_LEASE, Options};
 use crate::error::ConfigError;
 use crate::store::LockStore;
+use crate::store::holder::HolderLabel;
 
 /// Builds a [`Locker`]; settings are checked in [`build`](LockerBuilder::build).
 #[derive(Debug)]
@@ -13,6 +14,8 @@ use crate::store::LockStore;
 pub struct LockerBuilder<S> {
     store: S,
     opts: Options,
+    /// The label as given, checked by `build`.
+    label: Option<String>,
 }
 
 impl<S: LockStore> Locker<S> {
@@ -21,6 +24,7 @@ impl<S: LockStore> Locker<S> {
         LockerBuilder {
             store,
             opts: Options::default(),
+            label: None,
         }
     }
 }
@@ -64,8 +68,40 @@ impl<S: LockStore> LockerBuilder<S> {
         self
     }
 
+    /// A label stored with every grant of this locker, for operators (the
+    /// hostname, pod or process; default none): [`Locker::inspect`] shows
+    /// it, next to the holder's opaque id. 1 to 128 bytes of printable
+    /// ASCII (checked by `build`, see [`HolderLabel`]). Operators see it;
+    /// HTTP clients do not, unless a layer opts in.
+    ///
+    /// Where the store keeps holder records: the memory store, and the
+    /// Redis stores with fencing (an unfenced grant is one plain `SET`).
+    ///
+    /// ```
+    /// use tower_redis_lock::{LockKey, Locker, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locker = Locker::builder(MemoryStore::new()).label("web-7").build()?;
+    /// let key = LockKey::new("jobs", "42")?;
+    /// let _guard = locker.acquire(&key).await?;
+    /// let holder = locker.inspect(&key).await?.expect("held");
+    /// assert_eq!(holder.label.map(|l| l.to_string()).as_deref(), Some("web-7"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// [`HolderLabel`]: crate::HolderLabel
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
     /// Checks the settings.
-    pub fn build(self) -> Result<Locker<S>, ConfigError> {
+    pub fn build(mut self) -> Result<Locker<S>, ConfigError> {
+        if let Some(label) = self.label.take() {
+            self.opts.label = Some(HolderLabel::new(label)?);
+        }
         let o = &self.opts;
         if o.lease < MIN_LEASE {
             return Err(ConfigError::new("lease", "must be at least 10 ms"));

@@ -16,6 +16,7 @@
 //! | `guard.rs` | [`LockGuard`], the public face of a hold |
 //! | `health.rs` | whether the store answers: an outage logged when it starts and ends |
 //! | `locker.rs` | [`Locker`] and [`Acquired`] |
+//! | `operator.rs` | the operator's view: `inspect`, `list`, `force_release` |
 //! | `options.rs` | a locker's settings and their defaults |
 //! | `builder.rs` | [`LockerBuilder`]: settings checked once |
 //! | `wait.rs` | the wait loop and one try at the store |
@@ -29,6 +30,7 @@ mod health;
 mod hold;
 mod lease;
 mod locker;
+mod operator;
 mod options;
 mod pending;
 mod queue;

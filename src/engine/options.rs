@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::store::holder::HolderLabel;
+
 /// Default lease: 30 s, renewed every 10 s while held.
 pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// Default wait timeout: 0, i.e. try-lock.
@@ -20,6 +22,8 @@ pub(crate) struct Options {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) poll: Duration,
     pub(crate) batch: usize,
+    /// Stored with each grant for operators (`LockerBuilder::label`).
+    pub(crate) label: Option<HolderLabel>,
 }
 
 impl Default for Options {
@@ -30,6 +34,7 @@ impl Default for Options {
             max_hold: None,
             poll: DEFAULT_POLL,
             batch: DEFAULT_RENEW_BATCH,
+            label: None,
         }
     }
 }

@@ -261,8 +261,11 @@ impl<S: LockStore> Locker<S> {
         // On an error (timeout, connection lost) the grant may still have
         // happened: `pending` releases it in the background.
         let outcome = match ask {
-            Ask::Lock { replay: true } => store.acquire_or_replay(key, owner, first).await?,
-            Ask::Lock { replay: false } => store.acquire(key, owner, first).await?,
+            Ask::Lock { replay } => {
+                store
+                    .acquire_labelled(key, owner, first, o.label.as_ref(), replay)
+                    .await?
+            }
             Ask::Permit { permits } => store.acquire_permit(key, owner, permits, first).await?,
         };
         pending.disarm();

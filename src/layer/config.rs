@@ -138,6 +138,7 @@ pub(crate) struct Config<St> {
     pub(crate) hold_until_body_end: bool,
     pub(crate) idempotency: Option<Idempotency>,
     pub(crate) expose_lock_key: bool,
+    pub(crate) expose_holder: bool,
     pub(crate) on_rejection: Option<RejectionHook>,
     pub(crate) retry_after: RetryAfter,
     pub(crate) holds: HoldTimes,

@@ -137,6 +137,7 @@ impl<St: LockStore> LockLayer<St> {
                 hold_until_body_end: false,
                 idempotency: None,
                 expose_lock_key: false,
+                expose_holder: false,
                 on_rejection: None,
                 retry_after: RetryAfter::default(),
                 holds: HoldTimes::for_policy(RetryAfter::default()),
@@ -374,6 +375,20 @@ impl<St: LockStore> LockLayerBuilder<St> {
     /// every client. It is always in the layer's logs.
     pub fn expose_lock_key(mut self, expose: bool) -> Self {
         self.config.expose_lock_key = expose;
+        self
+    }
+
+    /// On contention (409, or 423), adds who holds the lock to the
+    /// problem body as `holder`: `{"id": <opaque holder id>, "label":
+    /// <the holder's label or null>}` (see
+    /// [`Locker::inspect`](crate::Locker::inspect)), and to the
+    /// [`Problem`](crate::Problem) a rejection hook sees. Default: off.
+    /// It tells a client about another client's request (its label names
+    /// a host or a request id): turn it on for internal callers only. It
+    /// costs one more store call per refused request; a failed look leaves
+    /// the member out.
+    pub fn expose_holder(mut self, expose: bool) -> Self {
+        self.config.expose_holder = expose;
         self
     }
 

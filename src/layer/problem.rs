@@ -7,6 +7,7 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};
 
 use crate::error::Error;
+use crate::store::holder::HolderInfo;
 
 /// Media type of every error body the layer writes.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -43,6 +44,9 @@ pub struct Problem {
     key: Option<String>,
     retry_after: Option<Duration>,
     kind: ProblemKind,
+    /// Who holds the lock: only on contention, only where the layer opted
+    /// in (`LockLayerBuilder::expose_holder`).
+    holder: Option<Box<HolderInfo>>,
 }
 
 /// Why the lock layer refused a request: what a
@@ -92,6 +96,7 @@ impl Problem {
             key: None,
             retry_after: None,
             kind: ProblemKind::Other,
+            holder: None,
         }
     }
 
@@ -135,6 +140,18 @@ impl Problem {
 
     pub(crate) fn with_detail(mut self, detail: &str) -> Self {
         detail.clone_into(&mut self.detail);
+        self
+    }
+
+    /// Who holds the lock, on contention, when the layer
+    /// [exposes it](crate::LockLayerBuilder::expose_holder) (never by
+    /// default).
+    pub fn holder(&self) -> Option<&HolderInfo> {
+        self.holder.as_deref()
+    }
+
+    pub(crate) fn with_holder(mut self, holder: Option<HolderInfo>) -> Self {
+        self.holder = holder.map(Box::new);
         self
     }
 
@@ -202,6 +219,15 @@ impl Problem {
         });
         if let (true, Some(key), Some(obj)) = (with_key, &self.key, v.as_object_mut()) {
             obj.insert("lock_key".into(), key.clone().into());
+        }
+        if let (Some(h), Some(obj)) = (&self.holder, v.as_object_mut()) {
+            obj.insert(
+                "holder".into(),
+                serde_json::json!({
+                    "id": h.holder.as_str(),
+                    "label": h.label.as_ref().map(|l| l.as_str()),
+                }),
+            );
         }
         Bytes::from(v.to_string())
     }

@@ -449,7 +449,13 @@ async fn take<St: LockStore, B>(
             }
             Err(match e {
                 Error::Contended { retry_after, .. } | Error::WaitTimeout { retry_after, .. } => {
-                    p.with_retry_after(c.contention_retry(retry_after))
+                    let p = p.with_retry_after(c.contention_retry(retry_after));
+                    if c.expose_holder {
+                        // Opted in: who holds it, if the store says.
+                        p.with_holder(c.locker.inspect(key).await.ok().flatten())
+                    } else {
+                        p
+                    }
                 }
                 _ => p,
             })

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::holder::{ForcedRelease, HolderInfo, HolderLabel, HolderPage, ListCursor};
 use super::{AcquireOutcome, LockStore, ReleaseWatch, Renewal};
 use crate::error::Error;
 use crate::key::LockKey;
@@ -220,6 +221,36 @@ impl LockStore for BoxStore {
         self.inner.release_permit_boxed(key, owner).await
     }
 
+    async fn acquire_labelled(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+        label: Option<&HolderLabel>,
+        replay: bool,
+    ) -> Result<AcquireOutcome, Error> {
+        self.inner
+            .acquire_labelled_boxed(key, owner, lease, label, replay)
+            .await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        self.inner.inspect_boxed(key).await
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        cursor: &ListCursor,
+        count: usize,
+    ) -> Result<HolderPage, Error> {
+        self.inner.list_boxed(namespace, cursor, count).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ForcedRelease, Error> {
+        self.inner.force_release_boxed(key).await
+    }
+
     fn instance_id(&self) -> usize {
         self.inner.instance_id_boxed()
     }
@@ -307,6 +338,32 @@ trait DynLockStore: Send + Sync + 'static {
         key: &'a LockKey,
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    fn acquire_labelled_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        lease: Duration,
+        label: Option<&'a HolderLabel>,
+        replay: bool,
+    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>>;
+
+    fn inspect_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<Option<HolderInfo>, Error>>;
+
+    fn list_boxed<'a>(
+        &'a self,
+        namespace: &'a str,
+        cursor: &'a ListCursor,
+        count: usize,
+    ) -> BoxFuture<'a, Result<HolderPage, Error>>;
+
+    fn force_release_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<ForcedRelease, Error>>;
 
     fn instance_id_boxed(&self) -> usize;
 }
@@ -413,6 +470,42 @@ impl<S: LockStore> DynLockStore for S {
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(LockStore::release_permit(self, key, owner))
+    }
+
+    fn acquire_labelled_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        lease: Duration,
+        label: Option<&'a HolderLabel>,
+        replay: bool,
+    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>> {
+        Box::pin(LockStore::acquire_labelled(
+            self, key, owner, lease, label, replay,
+        ))
+    }
+
+    fn inspect_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<Option<HolderInfo>, Error>> {
+        Box::pin(LockStore::inspect(self, key))
+    }
+
+    fn list_boxed<'a>(
+        &'a self,
+        namespace: &'a str,
+        cursor: &'a ListCursor,
+        count: usize,
+    ) -> BoxFuture<'a, Result<HolderPage, Error>> {
+        Box::pin(LockStore::list(self, namespace, cursor, count))
+    }
+
+    fn force_release_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<ForcedRelease, Error>> {
+        Box::pin(LockStore::force_release(self, key))
     }
 
     fn instance_id_boxed(&self) -> usize {

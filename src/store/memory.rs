@@ -8,6 +8,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::holder::{ForcedRelease, HolderId, HolderInfo, HolderLabel, HolderPage, ListCursor};
 use super::{AcquireOutcome, LockStore, ReleaseWatch};
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
@@ -68,6 +69,11 @@ struct Held {
     owner: OwnerToken,
     token: FencingToken,
     expires: Instant,
+    /// For operators (`inspect`): the holder's label, when it was granted,
+    /// and whether an acquire found it held (a waiter).
+    label: Option<HolderLabel>,
+    granted_at: SystemTime,
+    waited: bool,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -225,6 +231,9 @@ impl MemoryStore {
             owner: OwnerToken::generate(),
             token,
             expires: far_add(now, lease),
+            label: None,
+            granted_at: SystemTime::now(),
+            waited: false,
         };
         st.locks.insert(key.clone(), taker);
         token
@@ -260,7 +269,11 @@ impl MemoryStore {
 
     /// The state, for a store call: or the failure asked for by
     /// `fail_next_calls`, if any is left (checked under the same lock).
-    fn lock_for(&self, op: Operation, key: &LockKey) -> Result<MutexGuard<'_, State>, Error> {
+    fn lock_for<'k>(
+        &self,
+        op: Operation,
+        key: impl Into<Option<&'k LockKey>>,
+    ) -> Result<MutexGuard<'_, State>, Error> {
         let mut st = self.lock();
         if st.failing == 0 {
             return Ok(st);
@@ -268,7 +281,7 @@ impl MemoryStore {
         st.failing -= 1;
         Err(Error::Unavailable {
             op,
-            key: Some(key.clone()),
+            key: key.into().cloned(),
             source: "MemoryStore::fail_next_calls: a failure asked for by a test".into(),
         })
     }
@@ -323,6 +336,7 @@ impl State {
         key: &LockKey,
         owner: &OwnerToken,
         lease: Duration,
+        label: Option<&HolderLabel>,
         now: Instant,
     ) -> AcquireOutcome {
         self.sweep_now_and_then(now);
@@ -331,6 +345,7 @@ impl State {
                 h.expires = far_add(now, lease);
                 return AcquireOutcome::Granted(h.token);
             }
+            h.waited = true;
             return AcquireOutcome::Held {
                 remaining: Some(h.expires - now),
             };
@@ -342,6 +357,9 @@ impl State {
                 owner: owner.clone(),
                 token,
                 expires: far_add(now, lease),
+                label: label.cloned(),
+                granted_at: SystemTime::now(),
+                waited: false,
             },
         );
         AcquireOutcome::Granted(token)
@@ -406,6 +424,20 @@ impl State {
         ours
     }
 
+    /// What an operator sees of `key`'s holder.
+    fn inspect(&mut self, key: &LockKey, now: Instant) -> Option<HolderInfo> {
+        let h = self.live(key, now)?;
+        Some(HolderInfo {
+            key: key.clone(),
+            holder: HolderId::of(&h.owner),
+            label: h.label.clone(),
+            fencing_token: Some(h.token),
+            granted_at: Some(h.granted_at),
+            remaining: Some(h.expires - now),
+            waiters: h.waited,
+        })
+    }
+
     fn next_token(&mut self) -> FencingToken {
         let wall_us = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -430,7 +462,86 @@ impl LockStore for MemoryStore {
         let now = Instant::now();
         Ok(self
             .lock_for(Operation::Acquire, key)?
-            .acquire(key, owner, lease, now))
+            .acquire(key, owner, lease, None, now))
+    }
+
+    async fn acquire_labelled(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+        label: Option<&HolderLabel>,
+        replay: bool,
+    ) -> Result<AcquireOutcome, Error> {
+        let now = Instant::now();
+        let mut st = self.lock_for(Operation::Acquire, key)?;
+        if replay && let Some(record) = st.record(key, now) {
+            return Ok(AcquireOutcome::Completed(record));
+        }
+        Ok(st.acquire(key, owner, lease, label, now))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        let now = Instant::now();
+        Ok(self.lock_for(Operation::Inspect, key)?.inspect(key, now))
+    }
+
+    /// Pages in the order of the ids; the cursor is the last id answered
+    /// (in hex).
+    async fn list(
+        &self,
+        namespace: &str,
+        cursor: &ListCursor,
+        count: usize,
+    ) -> Result<HolderPage, Error> {
+        let after = hex_decode(cursor.as_str()).ok_or_else(|| {
+            Error::Config(crate::error::ConfigError::new(
+                "cursor",
+                "not a list cursor this store gave",
+            ))
+        })?;
+        let now = Instant::now();
+        let count = count.max(1);
+        let mut st = self.lock_for(Operation::List, None)?;
+        let mut keys: Vec<LockKey> = st
+            .locks
+            .iter()
+            .filter(|(k, h)| {
+                k.namespace() == namespace
+                    && h.expires > now
+                    && (cursor.as_str().is_empty() || k.id().as_bytes() > after.as_slice())
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.sort_by(|a, b| a.id().cmp(b.id()));
+        let more = keys.len() > count;
+        keys.truncate(count);
+        let next = if more {
+            keys.last()
+                .map(|k| ListCursor(hex_encode(k.id().as_bytes())))
+        } else {
+            None
+        };
+        let locks = keys.iter().filter_map(|k| st.inspect(k, now)).collect();
+        Ok(HolderPage { locks, next })
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ForcedRelease, Error> {
+        let now = Instant::now();
+        let mut st = self.lock_for(Operation::ForceRelease, key)?;
+        let released = st.live(key, now).is_some();
+        if released {
+            st.locks.remove(key);
+            if let Some(tx) = st.watchers.get(key) {
+                tx.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }
+        // Every later grant's token is above this one.
+        let fence = st.next_token();
+        Ok(ForcedRelease {
+            released,
+            fence: Some(fence),
+        })
     }
 
     async fn acquire_or_replay(
@@ -444,7 +555,7 @@ impl LockStore for MemoryStore {
         if let Some(record) = st.record(key, now) {
             return Ok(AcquireOutcome::Completed(record));
         }
-        Ok(st.acquire(key, owner, lease, now))
+        Ok(st.acquire(key, owner, lease, None, now))
     }
 
     async fn finish(
@@ -592,3 +703,18 @@ impl Drop for Unwatch {
 
 #[cfg(test)]
 mod semaphore_model;
+/// `bytes` as lowercase hex (a list cursor).
+fn hex_encode(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A list cursor's bytes back; `None` when it is not hex.
+fn hex_decode(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}

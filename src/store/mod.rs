@@ -16,6 +16,10 @@
 //! | [`acquire_or_replay`](LockStore::acquire_or_replay) | as `acquire`, but answer the completed record instead if there is one |
 //! | [`finish`](LockStore::finish) | store a completed record and release, as one owner-checked step |
 //! | [`read_record`](LockStore::read_record) | the completed record of a key, if any |
+//! | [`acquire_labelled`](LockStore::acquire_labelled) | `acquire` (or `acquire_or_replay`) that stores the holder's label with the grant |
+//! | [`inspect`](LockStore::inspect) | who holds a key ([`HolderInfo`]), for operators |
+//! | [`list`](LockStore::list) | a page of a namespace's held locks, by a bounded cursor scan |
+//! | [`force_release`](LockStore::force_release) | an operator's release, whoever holds it, raising the fence |
 //! | [`acquire_permit`](LockStore::acquire_permit) | grant one of `permits` permits of a key's semaphore (expired permits freed first) and mint its fencing token in the same step; else report when the soonest permit ends |
 //! | [`extend_permit`](LockStore::extend_permit), [`release_permit`](LockStore::release_permit) | as `extend` and `release`, for one permit |
 //!
@@ -40,11 +44,15 @@ use crate::key::LockKey;
 use crate::token::{FencingToken, OwnerToken};
 
 mod boxed;
+pub(crate) mod holder;
 pub(crate) mod memory;
 pub(crate) mod redis;
 pub(crate) mod redlock;
 
 pub use boxed::BoxStore;
+
+use crate::error::Operation;
+use holder::{ForcedRelease, HolderInfo, HolderLabel, HolderPage, ListCursor};
 
 /// What an acquire attempt found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,23 +213,7 @@ pub trait LockStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<AcquireOutcome, Error>> + Send {
         async move {
             let outcome = self.acquire(key, owner, lease).await?;
-            if !matches!(
-                outcome,
-                AcquireOutcome::Granted(_) | AcquireOutcome::GrantedUnfenced
-            ) {
-                return Ok(outcome);
-            }
-            match self.read_record(key).await {
-                Ok(Some(record)) => {
-                    self.release(key, owner).await?;
-                    Ok(AcquireOutcome::Completed(record))
-                }
-                Ok(None) => Ok(outcome),
-                Err(e) => {
-                    let _ = self.release(key, owner).await;
-                    Err(e)
-                }
-            }
+            replay_after_grant(self, key, owner, outcome).await
         }
     }
 
@@ -306,6 +298,67 @@ pub trait LockStore: Send + Sync + 'static {
         async { Err(permits_unsupported()) }
     }
 
+    /// [`acquire`](LockStore::acquire), or with `replay`
+    /// [`acquire_or_replay`](LockStore::acquire_or_replay), that keeps
+    /// `label` with the grant for [`inspect`](LockStore::inspect). The
+    /// engine grants through this. The default ignores the label.
+    fn acquire_labelled(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+        label: Option<&HolderLabel>,
+        replay: bool,
+    ) -> impl Future<Output = Result<AcquireOutcome, Error>> + Send {
+        let _ = label;
+        async move {
+            if replay {
+                self.acquire_or_replay(key, owner, lease).await
+            } else {
+                self.acquire(key, owner, lease).await
+            }
+        }
+    }
+
+    /// Who holds `key` right now, `None` when nobody does: an opaque
+    /// holder id (never the owner token), the label, the fencing token,
+    /// the grant's time, the lease left, whether waiters marked it. For
+    /// operators; read-only. The default answers an error (a store of
+    /// another crate that keeps no holder information).
+    fn inspect(
+        &self,
+        key: &LockKey,
+    ) -> impl Future<Output = Result<Option<HolderInfo>, Error>> + Send {
+        std::future::ready(Err(unsupported(Operation::Inspect, Some(key))))
+    }
+
+    /// One page of the held locks of `namespace`, from `cursor`, about
+    /// `count` at a time, by a bounded cursor scan (Redis `SCAN`, never
+    /// `KEYS`; on a Cluster, every primary in turn). A lock granted or
+    /// released while the listing runs may or may not appear. The default
+    /// answers an error.
+    fn list(
+        &self,
+        namespace: &str,
+        cursor: &ListCursor,
+        count: usize,
+    ) -> impl Future<Output = Result<HolderPage, Error>> + Send {
+        let _ = (namespace, cursor, count);
+        std::future::ready(Err(unsupported(Operation::List, None)))
+    }
+
+    /// Removes `key`'s lock whoever holds it (an operator's release), wakes
+    /// its waiters, and raises the fence: every later grant's token is
+    /// above [`ForcedRelease::fence`], itself above every token issued
+    /// before. The old holder finds out at its next renewal (its guard
+    /// flips to lost). The default answers an error.
+    fn force_release(
+        &self,
+        key: &LockKey,
+    ) -> impl Future<Output = Result<ForcedRelease, Error>> + Send {
+        std::future::ready(Err(unsupported(Operation::ForceRelease, Some(key))))
+    }
+
     /// Identifies the locks this store works on: clones of one store give
     /// the same id, so a [`LockGuard`](crate::LockGuard) granted through one
     /// clone is [re-entered](crate::LockGuard::reenter) by a
@@ -343,6 +396,44 @@ pub(crate) async fn release_lease<S: LockStore>(
     match kind {
         LeaseKind::Lock => store.release(key, owner).await,
         LeaseKind::Permit => store.release_permit(key, owner).await,
+    }
+}
+
+/// The second half of the default
+/// [`acquire_or_replay`](LockStore::acquire_or_replay): after `outcome`, a
+/// grant, reads the record while holding the lock (only a holder can store
+/// one, so none can appear in between) and releases if there is one.
+pub(crate) async fn replay_after_grant<S: LockStore + ?Sized>(
+    store: &S,
+    key: &LockKey,
+    owner: &OwnerToken,
+    outcome: AcquireOutcome,
+) -> Result<AcquireOutcome, Error> {
+    if !matches!(
+        outcome,
+        AcquireOutcome::Granted(_) | AcquireOutcome::GrantedUnfenced
+    ) {
+        return Ok(outcome);
+    }
+    match store.read_record(key).await {
+        Ok(Some(record)) => {
+            store.release(key, owner).await?;
+            Ok(AcquireOutcome::Completed(record))
+        }
+        Ok(None) => Ok(outcome),
+        Err(e) => {
+            let _ = store.release(key, owner).await;
+            Err(e)
+        }
+    }
+}
+
+/// The answer of a store that keeps no holder information.
+fn unsupported(op: Operation, key: Option<&LockKey>) -> Error {
+    Error::Unavailable {
+        op,
+        key: key.cloned(),
+        source: "this store keeps no holder information".into(),
     }
 }
 

@@ -9,6 +9,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
+use super::holder::{ForcedRelease, HolderInfo, HolderLabel, HolderPage, ListCursor};
 use super::{AcquireOutcome, LockStore, ReleaseWatch, Renewal};
 use crate::error::ConfigError;
 use crate::error::{Error, Operation};
@@ -107,6 +108,7 @@ pub struct RedlockStore {
 }
 
 mod grant;
+mod operator;
 mod quorum;
 mod undo;
 
@@ -257,7 +259,40 @@ impl LockStore for RedlockStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<AcquireOutcome, Error> {
-        self.grant(key, owner, lease).await
+        self.grant(key, owner, lease, None).await
+    }
+
+    async fn acquire_labelled(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+        label: Option<&HolderLabel>,
+        replay: bool,
+    ) -> Result<AcquireOutcome, Error> {
+        let outcome = self.grant(key, owner, lease, label).await?;
+        if replay {
+            super::replay_after_grant(self, key, owner, outcome).await
+        } else {
+            Ok(outcome)
+        }
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        self.inspect_majority(key).await
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        cursor: &ListCursor,
+        count: usize,
+    ) -> Result<HolderPage, Error> {
+        self.list_majority(namespace, cursor, count).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ForcedRelease, Error> {
+        self.force_release_everywhere(key).await
     }
 
     async fn extend(

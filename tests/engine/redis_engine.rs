@@ -62,7 +62,15 @@ async fn keys_share_one_hash_tag_and_carry_the_value_we_expect() {
     // 1,024, is 0x2b1); the counter is the bucket's.
     assert_eq!(
         server.keys(),
-        vec!["trl:{orders:2b1}:fence", "trl:{orders:2b1}:ord_1:lock"]
+        vec![
+            "trl:{orders:2b1}:fence",
+            "trl:{orders:2b1}:ord_1:holder",
+            "trl:{orders:2b1}:ord_1:lock"
+        ]
+    );
+    assert_eq!(
+        redis_name("orders", "ord_1", "holder"),
+        "trl:{orders:2b1}:ord_1:holder"
     );
     assert_eq!(
         redis_name("orders", "ord_1", "lock"),

@@ -8,6 +8,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod admin;
 mod demo;
 mod webhook;
 mod webhook_pg;

@@ -7,6 +7,7 @@ mod support;
 mod concurrency_limit;
 mod handoff;
 mod handoff_review;
+mod holder_info;
 mod idempotency;
 mod keys;
 mod layer;

@@ -500,6 +500,176 @@ macro_rules! conformance {
                 }
             }
 
+            #[tokio::test]
+            async fn inspect_shows_the_holder_without_its_owner_token() {
+                let (store, _keep) = $fixture;
+                let lease = Duration::from_secs(10);
+                let l = Locker::builder(store.clone())
+                    .lease(lease)
+                    .label("conf-host pid 7")
+                    .build()
+                    .unwrap();
+                let k = key("inspect");
+                assert_eq!(l.inspect(&k).await.unwrap(), None, "free");
+                let before = std::time::SystemTime::now();
+                let guard = l.acquire(&k).await.unwrap();
+                let seen = l.inspect(&k).await.unwrap().expect("held");
+                assert_eq!(seen.key, k);
+                assert_eq!(
+                    seen.label.as_ref().map(|l| l.as_str()),
+                    Some("conf-host pid 7")
+                );
+                assert_eq!(seen.fencing_token, Some(guard.fencing_token().unwrap()));
+                let remaining = seen.remaining.expect("a lease");
+                assert!(remaining <= lease && remaining > lease / 2, "{remaining:?}");
+                let granted = seen.granted_at.expect("a grant time");
+                let slack = Duration::from_secs(5);
+                assert!(
+                    granted + slack > before && granted < before + slack,
+                    "{granted:?}"
+                );
+                assert!(!seen.waiters, "nobody waited yet");
+                // The same hold, the same id; the id is not the owner token.
+                assert_eq!(l.inspect(&k).await.unwrap().unwrap().holder, seen.holder);
+                assert_eq!(seen.holder.as_str().len(), 16);
+                // A try that finds it held marks it waited-for.
+                let other = locker(store.clone(), 10_000, 0);
+                assert!(other.try_acquire(&k).await.unwrap_err().is_contended());
+                assert!(l.inspect(&k).await.unwrap().unwrap().waiters);
+                // Another grant, another id; released, nobody.
+                guard.release().await.unwrap();
+                assert_eq!(l.inspect(&k).await.unwrap(), None, "released");
+                let next = other.acquire(&k).await.unwrap();
+                let again = l.inspect(&k).await.unwrap().expect("held again");
+                assert_ne!(again.holder, seen.holder);
+                assert_eq!(again.label, None, "the other locker sets no label");
+                assert_eq!(again.fencing_token, Some(next.fencing_token().unwrap()));
+            }
+
+            #[tokio::test]
+            async fn inspect_follows_renewals_and_the_holder_record_goes_with_the_lock() {
+                let (store, _keep) = $fixture;
+                let l = Locker::builder(store.clone())
+                    .lease(Duration::from_millis(600))
+                    .label("renewed")
+                    .build()
+                    .unwrap();
+                let k = key("inspect-renewed");
+                let lease = Duration::from_millis(600);
+                let guard = l.acquire(&k).await.unwrap();
+                // Renewed four times by the watchdog (the fourth at 4/3 of
+                // the lease, past the end of the first): the holder record
+                // must have been renewed with the lock to be there still.
+                let margin = lease / 100 + Duration::from_millis(2);
+                let renewed = |n: u32| {
+                    guard.is_held()
+                        && tokio::time::Instant::now() + guard.valid_for()
+                            >= guard.acquired_at() + lease / 3 * n + lease - margin
+                };
+                assert!(eventually(Duration::from_secs(10), async || renewed(4)).await);
+                let seen = l.inspect(&k).await.unwrap().expect("still held");
+                assert_eq!(seen.label.as_ref().map(|l| l.as_str()), Some("renewed"));
+                assert_eq!(seen.fencing_token, Some(guard.fencing_token().unwrap()));
+                drop(guard);
+                assert!(
+                    eventually(Duration::from_secs(5), async || l
+                        .inspect(&k)
+                        .await
+                        .unwrap()
+                        .is_none())
+                    .await
+                );
+            }
+
+            #[tokio::test]
+            async fn list_pages_through_the_held_locks_of_one_namespace() {
+                let (store, _keep) = $fixture;
+                let l = locker(store.clone(), 10_000, 0);
+                let mut guards = Vec::new();
+                let mut ids: Vec<String> = (0..23).map(|i| format!("job-{i}")).collect();
+                // An id that is hashed in its key, too.
+                ids.push("x".repeat(300));
+                for id in &ids {
+                    guards.push(
+                        l.acquire(&LockKey::new("conf-list", id).unwrap())
+                            .await
+                            .unwrap(),
+                    );
+                }
+                let elsewhere = l
+                    .acquire(&LockKey::new("conf-other", "job-1").unwrap())
+                    .await
+                    .unwrap();
+                let released = LockKey::new("conf-list", "gone").unwrap();
+                l.acquire(&released).await.unwrap().release().await.unwrap();
+                let mut seen = std::collections::BTreeMap::new();
+                let mut cursor = Some(tower_redis_lock::ListCursor::start());
+                let mut pages = 0;
+                while let Some(at) = cursor {
+                    let page = l.list("conf-list", &at, 5).await.unwrap();
+                    for h in page.locks {
+                        assert_eq!(h.key.namespace(), "conf-list");
+                        seen.insert(h.key.to_string(), h.fencing_token);
+                    }
+                    cursor = page.next;
+                    pages += 1;
+                    assert!(pages < 1000, "the listing does not end");
+                }
+                let want: std::collections::BTreeMap<_, _> = guards
+                    .iter()
+                    .map(|g| (g.key().to_string(), Some(g.fencing_token().unwrap())))
+                    .collect();
+                assert_eq!(seen, want);
+                assert!(pages > 1, "five at a time: more than one page");
+                drop(elsewhere);
+            }
+
+            #[tokio::test]
+            async fn force_release_takes_the_lock_and_raises_the_fence() {
+                let (store, _keep) = $fixture;
+                let l = locker(store.clone(), 10_000, 0);
+                let k = key("forced");
+                let old = l.acquire(&k).await.unwrap();
+                let old_token = old.fencing_token().unwrap();
+                let forced = l.force_release(&k, "conformance").await.unwrap();
+                assert!(forced.released);
+                let fence = forced.fence.expect("a fenced store raises the fence");
+                assert!(fence > old_token, "{fence} after {old_token}");
+                assert_eq!(l.inspect(&k).await.unwrap(), None);
+                // The old holder learns at its next renewal.
+                assert!(matches!(old.extend().await, Err(Error::LockLost { .. })));
+                assert!(!old.is_held());
+                // The next grant is above the fence.
+                let next = l.try_acquire(&k).await.unwrap();
+                let next_token = next.fencing_token().unwrap();
+                assert!(next_token > fence);
+                // The old holder's release cannot take the new one's lock.
+                assert!(!old.release().await.unwrap());
+                assert!(l.inspect(&k).await.unwrap().is_some());
+                next.release().await.unwrap();
+                // Nothing held: nothing released, the fence still rises.
+                let again = l.force_release(&k, "conformance").await.unwrap();
+                assert!(!again.released);
+                assert!(again.fence.unwrap() > next_token);
+            }
+
+            #[tokio::test]
+            async fn force_release_wakes_a_waiter() {
+                let (store, _keep) = $fixture;
+                let holder = locker(store.clone(), 30_000, 0);
+                let k = key("forced-wake");
+                let _old = holder.acquire(&k).await.unwrap();
+                let waiting = stores::woken_only_by_notification(store.clone());
+                let w = {
+                    let (waiting, k) = (waiting.clone(), k.clone());
+                    tokio::spawn(async move { waiting.acquire(&k).await })
+                };
+                assert!(eventually(Duration::from_secs(5), async || waiting.has_waiters(&k)).await);
+                holder.force_release(&k, "conformance").await.unwrap();
+                let got = tokio::time::timeout(Duration::from_secs(5), w).await;
+                assert!(matches!(got, Ok(Ok(Ok(_)))), "{got:?}");
+            }
+
             // One thread: the four tasks are all polled, and so all queued,
             // before the first one's next turn. (On two workers, a worker
             // thread the OS deschedules can leave a task unpolled while

@@ -13,6 +13,7 @@ mod handoff;
 mod handoff_review;
 mod network_faults;
 mod noscript;
+mod operator;
 mod pubsub_leak;
 mod release_notice;
 mod replicas;

@@ -74,8 +74,8 @@ pub fn boxed<S: LockStore, K>(fixture: (S, K)) -> (BoxStore, K) {
 }
 
 /// The Redis name a [`RedisStore`] with the default prefix gives lock
-/// `ns:id`'s `suffix` (`lock`, `fence`, `record`, `released`, `waited`, `permits` or
-/// `permits-waited`), from the
+/// `ns:id`'s `suffix` (`lock`, `fence`, `record`, `released`, `waited`, `holder`,
+/// `permits` or `permits-waited`), from the
 /// store's own accessors; `tests/redis_engine.rs` pins the layout itself.
 pub fn redis_name(ns: &str, id: &str, suffix: &str) -> String {
     // `from_url` does no I/O: the store is only asked for names.
@@ -89,6 +89,14 @@ pub fn redis_name(ns: &str, id: &str, suffix: &str) -> String {
         "waited" => store.waited_key(&key),
         "permits" => store.permits_key(&key),
         "permits-waited" => store.permits_waited_key(&key),
+        // The holder record sits next to the lock (README, "Key layout").
+        "holder" => format!(
+            "{}holder",
+            store
+                .lock_key(&key)
+                .strip_suffix("lock")
+                .expect("a lock name")
+        ),
         other => panic!("no Redis name with suffix {other:?}"),
     }
 }

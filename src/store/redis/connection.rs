@@ -71,6 +71,34 @@ pub(super) enum Conn {
     Cluster(Box<redis::cluster_async::ClusterConnection>),
 }
 
+impl Conn {
+    /// Sends `cmd` to the node at `host:port` of a Cluster; on one primary,
+    /// to that primary.
+    pub(super) async fn route_to<T: redis::FromRedisValue>(
+        &mut self,
+        cmd: redis::Cmd,
+        host: &str,
+        port: u16,
+    ) -> Result<T, RedisError> {
+        match self {
+            Conn::Single(c) => {
+                let _ = (host, port);
+                cmd.query_async(c).await
+            }
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => {
+                use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.to_owned(),
+                    port,
+                });
+                let value = c.route_command(cmd, routing).await?;
+                Ok(redis::from_redis_value(value)?)
+            }
+        }
+    }
+}
+
 impl redis::aio::ConnectionLike for Conn {
     fn req_packed_command<'a>(
         &'a mut self,

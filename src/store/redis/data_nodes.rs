@@ -46,13 +46,8 @@ pub struct DataNodes {
     client_certificate: Option<ClientCertificate>,
 }
 
-/// A client certificate and its private key, in PEM.
 #[cfg(feature = "tls-rustls")]
-#[derive(Clone)]
-pub(super) struct ClientCertificate {
-    pub(super) certificate: Vec<u8>,
-    pub(super) key: Vec<u8>,
-}
+use super::tls::ClientCertificate;
 
 #[derive(Clone)]
 struct Auth {

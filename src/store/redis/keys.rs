@@ -13,6 +13,9 @@ pub(super) const RELEASED: &str = "released";
 pub(super) const PERMITS: &str = "permits";
 /// The semaphore's waited-for mark (as [`WAITED`] is the lock's).
 pub(super) const PERMITS_WAITED: &str = "permits-waited";
+/// The holder record: the grant's token, server time and label, for
+/// operators (see acquire.lua); it lives exactly as long as the lock.
+pub(super) const HOLDER: &str = "holder";
 /// The waited-for mark: set by an acquire that finds the lock held, so the
 /// release publishes (only then); deleted by the release, and never
 /// outliving the holder's lease.
@@ -229,7 +232,7 @@ mod tests {
     fn byte_len_is_the_length_written() {
         for id in ["42", "ord_1", "a-much-longer-id-0123456789"] {
             let key = LockKey::new("orders", id).unwrap();
-            for suffix in [LOCK, FENCE, RECORD, RECORD_WRITER, RELEASED, WAITED] {
+            for suffix in [LOCK, FENCE, RECORD, RECORD_WRITER, RELEASED, WAITED, HOLDER] {
                 let name = Name {
                     prefix: "trl",
                     key: &key,

@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{AcquireOutcome, LeaseKind, LockStore, ReleaseWatch, Renewal};
+use super::holder::{HolderInfo, HolderLabel, HolderPage, ListCursor};
+use super::{AcquireOutcome, ForcedRelease, LeaseKind, LockStore, ReleaseWatch, Renewal};
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
 use crate::token::OwnerToken;
@@ -31,6 +32,7 @@ mod data_nodes;
 mod eviction;
 mod keys;
 mod notifier;
+mod operator;
 mod replicas;
 mod scripts;
 #[cfg(feature = "sentinel")]
@@ -42,7 +44,7 @@ use connection::{Conn, Source};
 #[cfg(feature = "sentinel")]
 pub use data_nodes::{DataNodes, NodeTls};
 pub use eviction::EvictionCheck;
-use keys::{LOCK, PERMITS, RECORD, WAITED};
+use keys::{HOLDER, LOCK, PERMITS, RECORD, WAITED};
 use notifier::{Notifier, PubSubSource};
 pub use replicas::ReplicaShortfall;
 use replicas::WaitReplicas;
@@ -159,6 +161,16 @@ impl RedisStore {
         self.inner.notifier.get().map_or((0, 0), Notifier::channels)
     }
 
+    /// The extend script's arguments: the holder record only where grants
+    /// write one (with fencing).
+    fn extend_args<'a, 'b>(&self, args: &'b [Argv<'a>; 3]) -> &'b [Argv<'a>] {
+        if self.inner.fencing {
+            &args[..]
+        } else {
+            &args[..2]
+        }
+    }
+
     fn notifier(&self) -> Option<&Notifier> {
         let source = self.inner.pubsub.as_ref()?;
         Some(
@@ -190,7 +202,7 @@ impl LockStore for RedisStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<AcquireOutcome, Error> {
-        Ok(self.acquire_script(key, owner, lease, false).await?.0)
+        Ok(self.acquire_script(key, owner, lease, false, None).await?.0)
     }
 
     async fn acquire_or_replay(
@@ -199,7 +211,38 @@ impl LockStore for RedisStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<AcquireOutcome, Error> {
-        Ok(self.acquire_script(key, owner, lease, true).await?.0)
+        Ok(self.acquire_script(key, owner, lease, true, None).await?.0)
+    }
+
+    async fn acquire_labelled(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+        label: Option<&HolderLabel>,
+        replay: bool,
+    ) -> Result<AcquireOutcome, Error> {
+        Ok(self
+            .acquire_script(key, owner, lease, replay, label)
+            .await?
+            .0)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        self.inspect_script(key).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ForcedRelease, Error> {
+        self.force_release_script(key).await
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        cursor: &ListCursor,
+        count: usize,
+    ) -> Result<HolderPage, Error> {
+        self.list_scan(namespace, cursor, count).await
     }
 
     async fn finish(
@@ -232,11 +275,12 @@ impl LockStore for RedisStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<bool, Error> {
-        let call = ScriptCall::new(
-            &EXTEND,
-            &[self.name(key, LOCK)],
-            &[Argv::Str(owner.as_str()), Argv::Int(ms(lease))],
-        );
+        let args = [
+            Argv::Str(owner.as_str()),
+            Argv::Int(ms(lease)),
+            Argv::Name(self.name(key, HOLDER)),
+        ];
+        let call = ScriptCall::new(&EXTEND, &[self.name(key, LOCK)], self.extend_args(&args));
         let n: i64 = self
             .with_conn(Operation::Extend, Some(key), |mut c| async move {
                 call.invoke(&mut c).await
@@ -252,15 +296,19 @@ impl LockStore for RedisStore {
         to: &OwnerToken,
         lease: Duration,
     ) -> Result<bool, Error> {
-        let call = ScriptCall::new(
-            &scripts::TRANSFER,
-            &[self.name(key, LOCK)],
-            &[
-                Argv::Str(from.as_str()),
-                Argv::Str(to.as_str()),
-                Argv::Int(ms(lease)),
-            ],
-        );
+        let args = [
+            Argv::Str(from.as_str()),
+            Argv::Str(to.as_str()),
+            Argv::Int(ms(lease)),
+            Argv::Name(self.name(key, HOLDER)),
+        ];
+        // The holder record only where grants write one (with fencing).
+        let args = if self.inner.fencing {
+            &args[..]
+        } else {
+            &args[..3]
+        };
+        let call = ScriptCall::new(&scripts::TRANSFER, &[self.name(key, LOCK)], args);
         let n: i64 = self
             .with_conn(Operation::Extend, Some(key), |mut c| async move {
                 call.invoke(&mut c).await
@@ -289,15 +337,16 @@ impl LockStore for RedisStore {
         // type) must not fail the others.
         pipe.ignore_errors();
         for r in renewals {
-            let (script, name) = match r.kind {
-                LeaseKind::Lock => (&EXTEND, LOCK),
-                LeaseKind::Permit => (&EXTEND_PERMIT, PERMITS),
+            let args = [
+                Argv::Str(r.owner.as_str()),
+                Argv::Int(ms(r.lease)),
+                Argv::Name(self.name(&r.key, HOLDER)),
+            ];
+            let (script, name, args) = match r.kind {
+                LeaseKind::Lock => (&EXTEND, LOCK, self.extend_args(&args)),
+                LeaseKind::Permit => (&EXTEND_PERMIT, PERMITS, &args[..2]),
             };
-            pipe.add_command(evalsha(
-                script,
-                &[self.name(&r.key, name)],
-                &[Argv::Str(r.owner.as_str()), Argv::Int(ms(r.lease))],
-            ));
+            pipe.add_command(evalsha(script, &[self.name(&r.key, name)], args));
         }
         let permits = renewals.iter().any(|r| r.kind == LeaseKind::Permit);
         let key = (renewals.len() == 1).then(|| &renewals[0].key);
@@ -342,15 +391,19 @@ impl LockStore for RedisStore {
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
-        let call = ScriptCall::new(
-            &RELEASE,
-            &[self.name(key, LOCK)],
-            &[
-                Argv::Str(owner.as_str()),
-                Argv::Str(self.publish_command()),
-                Argv::Name(self.name(key, WAITED)),
-            ],
-        );
+        let args = [
+            Argv::Str(owner.as_str()),
+            Argv::Str(self.publish_command()),
+            Argv::Name(self.name(key, WAITED)),
+            Argv::Name(self.name(key, HOLDER)),
+        ];
+        // The holder record only where grants write one (with fencing).
+        let args = if self.inner.fencing {
+            &args[..]
+        } else {
+            &args[..3]
+        };
+        let call = ScriptCall::new(&RELEASE, &[self.name(key, LOCK)], args);
         let n: i64 = self
             .with_conn(Operation::Release, Some(key), |mut c| async move {
                 call.invoke(&mut c).await

@@ -16,11 +16,12 @@ use bytes::Bytes;
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
 
 use super::keys::{
-    FENCE, LOCK, Name, PERMITS, PERMITS_WAITED, RECORD, RECORD_WRITER, RELEASED, WAITED,
+    FENCE, HOLDER, LOCK, Name, PERMITS, PERMITS_WAITED, RECORD, RECORD_WRITER, RELEASED, WAITED,
 };
 use super::{RedisStore, ms};
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
+use crate::store::holder::HolderLabel;
 use crate::store::{AcquireOutcome, LockStore};
 use crate::token::{FencingToken, OwnerToken};
 
@@ -46,11 +47,16 @@ const RAISE_FENCE_SRC: &str = include_str!("scripts/raise_fence.lua");
 const ROLLBACK_SRC: &str = include_str!("scripts/rollback.lua");
 static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_SRC));
 static ROLLBACK: LazyLock<Script> = LazyLock::new(|| Script::new(ROLLBACK_SRC));
+const INSPECT_SRC: &str = include_str!("scripts/inspect.lua");
+const FORCE_RELEASE_SRC: &str = include_str!("scripts/force_release.lua");
+pub(super) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_SRC));
+pub(super) static FORCE_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(FORCE_RELEASE_SRC));
 
 /// The source of one of the scripts above (for loading it where a call
 /// goes; redis-rs keeps a `Script`'s code to itself).
 pub(super) fn source_of(script: &Script) -> &'static str {
-    let scripts: [(&Script, &'static str); 10] = [
+    let scripts: [(&Script, &'static str); 12] = [
         (&ACQUIRE, ACQUIRE_SRC),
         (&EXTEND, EXTEND_SRC),
         (&TRANSFER, TRANSFER_SRC),
@@ -61,6 +67,8 @@ pub(super) fn source_of(script: &Script) -> &'static str {
         (&ACQUIRE_PERMIT, ACQUIRE_PERMIT_SRC),
         (&EXTEND_PERMIT, EXTEND_PERMIT_SRC),
         (&RELEASE_PERMIT, RELEASE_PERMIT_SRC),
+        (&INSPECT, INSPECT_SRC),
+        (&FORCE_RELEASE, FORCE_RELEASE_SRC),
     ];
     scripts
         .into_iter()
@@ -218,6 +226,7 @@ impl RedisStore {
         owner: &OwnerToken,
         lease: Duration,
         replay: bool,
+        label: Option<&HolderLabel>,
     ) -> Result<(AcquireOutcome, bool), Error> {
         let fencing = self.inner.fencing;
         if !fencing && !replay && self.inner.wait_replicas.is_none() {
@@ -246,8 +255,9 @@ impl RedisStore {
         }
         let lock = [self.name(key, LOCK)];
         // The lock alone declared; the other names follow the lease, with
-        // the fence's name and retention only with fencing, and the record
-        // last for a replay (see acquire.lua).
+        // the fence's name and retention only with fencing, the record for
+        // a replay, and the holder record and label with fencing (see
+        // acquire.lua).
         let mut args = [
             Argv::Str(owner.as_str()),
             Argv::Int(ms(lease)),
@@ -259,9 +269,14 @@ impl RedisStore {
             } else {
                 ""
             }),
-            Argv::Name(self.name(key, RECORD)),
             Argv::Str(""),
+            Argv::Str(""),
+            Argv::Name(self.name(key, HOLDER)),
+            Argv::Str(label.map_or("", HolderLabel::as_str)),
         ];
+        if replay {
+            args[6] = Argv::Name(self.name(key, RECORD));
+        }
         if fencing {
             args[3] = Argv::Name(self.name(key, FENCE));
             args[4] = Argv::Int(self.inner.fence_retention_ms);
@@ -308,10 +323,14 @@ impl RedisStore {
         key: &LockKey,
         owner: &OwnerToken,
         lock: &[Name<'_>],
-        args: &mut [Argv<'_>; 8],
+        args: &mut [Argv<'_>; 10],
         replay: bool,
     ) -> Result<(i64, redis::Value), Error> {
-        let len = if replay { 8 } else { 6 };
+        let len = match (self.inner.fencing, replay) {
+            (true, _) => 10,
+            (false, true) => 8,
+            (false, false) => 6,
+        };
         for _ in 0..3 {
             let call = ScriptCall::new(&ACQUIRE, lock, &args[..len]);
             let answer: (i64, redis::Value) = match self.inner.wait_replicas {
@@ -479,9 +498,10 @@ impl RedisStore {
             Argv::Str(self.publish_command()),
             Argv::Name(self.name(key, RECORD)),
             Argv::Name(self.name(key, WAITED)),
+            Argv::Name(self.name(key, HOLDER)),
             Argv::Name(self.name(key, RECORD_WRITER)),
         ];
-        let args = if mark { &args[..] } else { &args[..6] };
+        let args = if mark { &args[..] } else { &args[..7] };
         let call = ScriptCall::new(&FINISH, &[self.name(key, LOCK)], args);
         let migrating = !mark && self.inner.source.is_cluster();
         let n: i64 = self

@@ -281,16 +281,10 @@ fn client(
     }
     #[cfg(feature = "tls-rustls")]
     if nodes.root_certificates.is_some() || nodes.client_certificate.is_some() {
-        builder = builder.set_client_to_redis_certificates(redis::TlsCertificates {
-            client_tls: nodes
-                .client_certificate
-                .as_ref()
-                .map(|c| redis::ClientTlsConfig {
-                    client_cert: c.certificate.clone(),
-                    client_key: c.key.clone(),
-                }),
-            root_cert: nodes.root_certificates.clone(),
-        });
+        builder = builder.set_client_to_redis_certificates(super::tls::certificates(
+            nodes.root_certificates.as_deref(),
+            nodes.client_certificate.as_ref(),
+        ));
     }
     builder.build()
 }

@@ -52,6 +52,13 @@ pub struct RedisStoreBuilder {
     settings: Settings,
     wait_replicas: Option<(u32, Duration, ReplicaShortfall)>,
     wait_aof: Option<(bool, u32, Duration, ReplicaShortfall)>,
+    /// The URL of a store made by `builder(url)`: its client is made
+    /// again in `build` when certificates are given.
+    url: Option<String>,
+    #[cfg(feature = "tls-rustls")]
+    root_certificates: Option<Vec<u8>>,
+    #[cfg(feature = "tls-rustls")]
+    client_certificate: Option<super::tls::ClientCertificate>,
 }
 
 /// Where the store's connections will come from: made already, or (for
@@ -97,7 +104,9 @@ impl RedisStore {
                     Some(PubSubSource::Client(Box::new(client))),
                 )
             });
-        RedisStoreBuilder::over(source)
+        let mut builder = RedisStoreBuilder::over(source);
+        builder.url = Some(url.to_owned());
+        builder
     }
 
     /// A builder for a store over an existing pool (feature `deadpool`):
@@ -191,6 +200,11 @@ impl RedisStoreBuilder {
             settings: Settings::default(),
             wait_replicas: None,
             wait_aof: None,
+            url: None,
+            #[cfg(feature = "tls-rustls")]
+            root_certificates: None,
+            #[cfg(feature = "tls-rustls")]
+            client_certificate: None,
         }
     }
 
@@ -328,10 +342,108 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Trusts the CA certificates in `pem` (one or more, PEM) besides the
+    /// platform's roots, on a `rediss://` URL store's connections (its
+    /// commands and its notifications): a server whose certificate a
+    /// private CA signed. Feature `tls-rustls`. Only for
+    /// [`RedisStore::builder`]: behind Sentinel it is
+    /// [`DataNodes::with_root_certificates`](crate::DataNodes::with_root_certificates);
+    /// a pool brings its own client. (The other route, for every client of
+    /// the process: `SSL_CERT_FILE`, see README.)
+    ///
+    /// ```no_run
+    /// use tower_redis_lock::RedisStore;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = RedisStore::builder("rediss://redis.internal:6380/")
+    ///     .root_certificates(std::fs::read("/etc/redis/ca.crt")?)
+    ///     .build()?;
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tls-rustls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls-rustls")))]
+    pub fn root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_certificates = Some(pem.into());
+        self
+    }
+
+    /// Presents `certificate` (PEM, with its chain if any) and proves it
+    /// with `key` (its PEM private key) on a `rediss://` URL store's
+    /// connections, for a server that asks every client for one
+    /// (`tls-auth-clients yes`). Feature `tls-rustls`; only for
+    /// [`RedisStore::builder`] (behind Sentinel:
+    /// [`DataNodes::with_client_certificate`](crate::DataNodes::with_client_certificate)).
+    #[cfg(feature = "tls-rustls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls-rustls")))]
+    pub fn client_certificate(
+        mut self,
+        certificate: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.client_certificate = Some(super::tls::ClientCertificate {
+            certificate: certificate.into(),
+            key: key.into(),
+        });
+        self
+    }
+
+    /// A URL store's sources made again with the certificates given, if
+    /// any; a certificate given to another kind of store is an error.
+    #[cfg(feature = "tls-rustls")]
+    fn with_certificates(
+        pending: Pending,
+        url: Option<&str>,
+        root: Option<&[u8]>,
+        client: Option<&super::tls::ClientCertificate>,
+    ) -> Result<Pending, ConfigError> {
+        if root.is_none() && client.is_none() {
+            return Ok(pending);
+        }
+        let setting = if root.is_some() {
+            "root_certificates"
+        } else {
+            "client_certificate"
+        };
+        let url = match (&pending, url) {
+            (Pending::Ready(Source::Url(_), _), Some(url)) => url,
+            _ => {
+                return Err(ConfigError::new(
+                    setting,
+                    "only a store made from a URL takes certificates (behind Sentinel: \
+                     DataNodes; over a pool: the pool's client)",
+                ));
+            }
+        };
+        if !url.starts_with("rediss://") {
+            return Err(ConfigError::new(
+                setting,
+                "certificates are for TLS: the URL must be rediss://",
+            ));
+        }
+        let certs = super::tls::certificates(root, client);
+        let client = redis::Client::build_with_tls(url, certs)
+            .map_err(|e| ConfigError::new(setting, e.to_string()))?;
+        Ok(Pending::Ready(
+            Source::Url(Box::new(client.clone())),
+            Some(PubSubSource::Client(Box::new(client))),
+        ))
+    }
+
     /// Checks every setting and makes the store. Does no I/O: the store
     /// connects on its first call.
     pub fn build(self) -> Result<RedisStore, ConfigError> {
-        let (source, mut pubsub) = match self.source? {
+        #[cfg(feature = "tls-rustls")]
+        let pending = Self::with_certificates(
+            self.source?,
+            self.url.as_deref(),
+            self.root_certificates.as_deref(),
+            self.client_certificate.as_ref(),
+        )?;
+        #[cfg(not(feature = "tls-rustls"))]
+        let pending = self.source?;
+        let (source, mut pubsub) = match pending {
             Pending::Ready(source, pubsub) => {
                 #[cfg(feature = "sentinel")]
                 if self.data_nodes.is_some() {

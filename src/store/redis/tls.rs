@@ -188,3 +188,28 @@ mod tests {
         );
     }
 }
+
+/// A client certificate and its private key, in PEM.
+#[cfg(feature = "tls-rustls")]
+#[derive(Clone)]
+pub(super) struct ClientCertificate {
+    pub(super) certificate: Vec<u8>,
+    pub(super) key: Vec<u8>,
+}
+
+/// The certificates given for one kind of connection (a URL store's, or
+/// the data nodes' behind Sentinel) as redis-rs takes them: extra roots
+/// to trust, and a client certificate to present.
+#[cfg(feature = "tls-rustls")]
+pub(super) fn certificates(
+    root: Option<&[u8]>,
+    client: Option<&ClientCertificate>,
+) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: client.map(|c| redis::ClientTlsConfig {
+            client_cert: c.certificate.clone(),
+            client_key: c.key.clone(),
+        }),
+        root_cert: root.map(<[u8]>::to_vec),
+    }
+}

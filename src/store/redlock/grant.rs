@@ -10,6 +10,7 @@ use super::RedlockStore;
 use super::quorum::{self, gather};
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
+use crate::store::holder::HolderLabel;
 use crate::store::redis::RedisStore;
 use crate::store::{AcquireOutcome, LockStore};
 use crate::time::drift;
@@ -22,8 +23,10 @@ impl RedlockStore {
         key: &LockKey,
         owner: &OwnerToken,
         lease: Duration,
+        label: Option<&HolderLabel>,
     ) -> Result<AcquireOutcome, Error> {
         let start = Instant::now();
+        let label = label.cloned();
         let (n, q) = (self.nodes.len(), self.quorum);
         let (k, o) = (key.clone(), owner.clone());
         // Answer as soon as a quorum granted, or refusals and failures
@@ -31,8 +34,8 @@ impl RedlockStore {
         let (mut answers, mut stragglers) = gather(
             self.indexed(),
             move |node| {
-                let (k, o) = (k.clone(), o.clone());
-                async move { node.acquire_script(&k, &o, lease, false).await }
+                let (k, o, l) = (k.clone(), o.clone(), label.clone());
+                async move { node.acquire_script(&k, &o, lease, false, l.as_ref()).await }
             },
             |a| {
                 let granted = a.iter().filter(|(_, r)| is_granted(r)).count();

@@ -11,8 +11,9 @@
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] waited-for mark, ARGV[4] bucket
 -- fence counter ('' without fencing), ARGV[5] fence retention ms ('' without
 -- fencing), ARGV[6] '1' on a Cluster, ARGV[7] (optional) the completed
--- record, ARGV[8] '1' when the caller found no record on the node a slot
--- migrates from (after a {4} answer)
+-- record ('' for none), ARGV[8] '1' when the caller found no record on
+-- the node a slot migrates from (after a {4} answer), ARGV[9] (optional,
+-- with fencing) the holder record's name, ARGV[10] the holder's label
 -- -> {1, token} granted, {3, token} re-entered by the same owner (the
 --    counter, which is at least the token of its grant), {0, pttl} held,
 --    {2, record} completed (only when the record is given), {4, ''} the
@@ -63,6 +64,7 @@ local function writable(got)
 end
 local fenced = ARGV[4] ~= ''
 local record = ARGV[7]
+if record == '' then record = nil end
 if record then
   local rec = redis.pcall('GET', record)
   if type(rec) == 'table' then return {4, ''} end
@@ -117,8 +119,17 @@ else
   end
   redis.call('SET', ARGV[4], s, 'PX', ARGV[5])
 end
+local granted = s
 if last and (#last > #s or (#last == #s and last >= s)) then
   s = string.format('%.0f', tonumber(last) + 1)
   redis.call('SET', ARGV[4], s, 'PX', ARGV[5])
+end
+-- The holder record, for operators (`inspect`): the token, the grant's
+-- server time in us and the label, expiring with the lock (a script's
+-- clock stands still, so both expire in the same millisecond); renewed
+-- by extend.lua, deleted by the release. `pcall`: where a slot migrates
+-- and the name is elsewhere, the grant stands without it.
+if ARGV[9] then
+  redis.pcall('SET', ARGV[9], s .. ' ' .. granted .. ' ' .. ARGV[10], 'PX', ARGV[2])
 end
 return {1, s}

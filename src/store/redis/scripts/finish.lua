@@ -1,6 +1,8 @@
 -- KEYS[1] lock; ARGV[1] owner, ARGV[2] record, ARGV[3] retention ms,
 -- ARGV[4] publish command (the channel as in release.lua), ARGV[5] record
--- name, ARGV[6] waited-for mark, ARGV[7] (optional, Redlock) record writer
+-- name, ARGV[6] waited-for mark, ARGV[7] the holder record (see
+-- acquire.lua, deleted with the lock), ARGV[8] (optional, Redlock) record
+-- writer
 -- -> 1 stored and released, 0 not owner (nothing stored)
 -- The record writer (the owner token, kept as long as the record) lets a
 -- Redlock finish that missed its quorum take back exactly what it wrote.
@@ -12,7 +14,8 @@
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local stored = redis.pcall('SET', ARGV[5], ARGV[2], 'PX', ARGV[3])
   if stored.err then return stored end
-  if ARGV[7] then redis.call('SET', ARGV[7], ARGV[1], 'PX', ARGV[3]) end
+  if ARGV[8] then redis.call('SET', ARGV[8], ARGV[1], 'PX', ARGV[3]) end
+  redis.pcall('DEL', ARGV[7])
   local n = redis.pcall('DEL', KEYS[1], ARGV[6])
   if type(n) == 'table' then
     redis.call('DEL', KEYS[1])

@@ -1,5 +1,6 @@
 -- KEYS[1] lock; ARGV[1] owner, ARGV[2] publish command, ARGV[3] waited-for
--- mark -> 1 released, 0 not owner
+-- mark, ARGV[4] (optional) the holder record (see acquire.lua), deleted
+-- with the lock -> 1 released, 0 not owner
 -- Publishes only when a waiter marked the lock (see acquire.lua): an
 -- uncontended release is the owner check and one DEL. The channel is the
 -- lock's name with `released` for `lock` (`…:<id>:lock` → `…:<id>:released`),
@@ -13,6 +14,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('DEL', KEYS[1])
     n = 2
   end
+  if ARGV[4] then redis.pcall('DEL', ARGV[4]) end
   if n > 1 then
     redis.pcall(ARGV[2], string.sub(KEYS[1], 1, -5) .. 'released', '')
   end

@@ -1,0 +1,34 @@
+-- KEYS[1] lock; ARGV[1] holder record, ARGV[2] waited-for mark, ARGV[3]
+-- publish command, ARGV[4] bucket fence counter ('' without fencing),
+-- ARGV[5] fence retention ms
+-- -> {released 0/1, fence}: an operator's release, whoever holds the lock.
+-- With fencing, the bucket's counter is raised to a fresh token (as a
+-- grant mints one: max(last + 1, TIME in us)), above every token issued
+-- for the lock so far; it is answered so that the caller can present it
+-- to a fenced resource and shut the old holder out at once. Waiters are
+-- woken as by a release.
+local released = 0
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local n = redis.pcall('DEL', KEYS[1], ARGV[2])
+  if type(n) == 'table' then
+    redis.call('DEL', KEYS[1])
+    n = 2
+  end
+  redis.pcall('DEL', ARGV[1])
+  if n > 1 then
+    redis.pcall(ARGV[3], string.sub(KEYS[1], 1, -5) .. 'released', '')
+  end
+  released = 1
+end
+if ARGV[4] == '' then return {released, ''} end
+local t = redis.call('TIME')
+local us = t[2]
+local s = t[1] .. string.rep('0', 6 - #us) .. us
+local last = redis.pcall('GET', ARGV[4])
+if type(last) ~= 'string' then last = nil end
+if last and (#last > #s or (#last == #s and last >= s)) then
+  s = string.format('%.0f', tonumber(last) + 1)
+end
+local set = redis.pcall('SET', ARGV[4], s, 'PX', ARGV[5])
+if type(set) == 'table' and set.err then return set end
+return {released, s}
