@@ -402,3 +402,55 @@ async fn every_metric_is_named_and_described() {
         );
     }
 }
+
+/// What README's Prometheus example prints: with the exporter's recorder,
+/// each metric the crate reported carries its `# HELP` text from
+/// `describe()`, its type, and its labels.
+#[test]
+fn a_prometheus_scrape_names_each_metric_with_its_help() {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+    use tower_redis_lock::metrics as m;
+
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        m::describe();
+        rt.block_on(async {
+            let locker = Locker::new(MemoryStore::new());
+            let key = LockKey::new("jobs", "nightly").unwrap();
+            let held = locker.acquire(&key).await.unwrap();
+            assert!(locker.try_acquire(&key).await.unwrap_err().is_contended());
+            held.release().await.unwrap();
+        });
+    });
+    let text = handle.render();
+    for (name, kind) in [
+        (m::ACQUIRES, "counter"),
+        (m::CONTENDED, "counter"),
+        (m::ACQUIRE_DURATION, "summary"),
+    ] {
+        assert!(
+            text.contains(&format!("# HELP {name} ")),
+            "{name} without its help text:\n{text}"
+        );
+        assert!(
+            text.contains(&format!("# TYPE {name} {kind}")),
+            "{name} not a {kind}:\n{text}"
+        );
+    }
+    assert!(
+        text.lines().any(|l| l.starts_with(m::ACQUIRES)
+            && l.contains("outcome=\"granted\"")
+            && l.ends_with(" 1")),
+        "no granted acquire counted:\n{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(m::CONTENDED) && l.ends_with(" 1")),
+        "no contended acquire counted:\n{text}"
+    );
+}
