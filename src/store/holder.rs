@@ -148,7 +148,7 @@ impl fmt::Display for HolderId {
 /// There is no re-entry count: re-entering a hold
 /// ([`LockGuard::reenter`](crate::LockGuard::reenter), a nested layer)
 /// happens in the holder's process and sends nothing to the store, so no
-/// other process can know it. [`Locker::renewing`](crate::Locker::renewing)
+/// other process can know it. `Locker::renewing` (feature `test-util`)
 /// and [`Locker::status`](crate::Locker::status) count a process's own
 /// holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
