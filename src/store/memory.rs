@@ -305,6 +305,28 @@ impl State {
         }
     }
 
+    /// Resets `key`'s lease to `lease` if `owner` holds it, handing it to
+    /// `to` on the way (extend: `None`; transfer: the new owner).
+    fn renew(
+        &mut self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        to: Option<&OwnerToken>,
+        lease: Duration,
+        now: Instant,
+    ) -> bool {
+        match self.live(key, now) {
+            Some(h) if h.owner == *owner => {
+                if let Some(to) = to {
+                    h.owner = to.clone();
+                }
+                h.expires = far_add(now, lease);
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn live(&mut self, key: &LockKey, now: Instant) -> Option<&mut Held> {
         if self.locks.get(key).is_some_and(|h| h.expires <= now) {
             self.locks.remove(key);
@@ -587,15 +609,8 @@ impl LockStore for MemoryStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<bool, Error> {
-        let now = Instant::now();
         let mut st = self.lock_for(Operation::Extend, key)?;
-        match st.live(key, now) {
-            Some(h) if h.owner == *owner => {
-                h.expires = far_add(now, lease);
-                Ok(true)
-            }
-            _ => Ok(false),
-        }
+        Ok(st.renew(key, owner, None, lease, Instant::now()))
     }
 
     async fn transfer(
@@ -605,16 +620,8 @@ impl LockStore for MemoryStore {
         to: &OwnerToken,
         lease: Duration,
     ) -> Result<bool, Error> {
-        let now = Instant::now();
         let mut st = self.lock_for(Operation::Extend, key)?;
-        match st.live(key, now) {
-            Some(h) if h.owner == *from => {
-                h.owner = to.clone();
-                h.expires = far_add(now, lease);
-                Ok(true)
-            }
-            _ => Ok(false),
-        }
+        Ok(st.renew(key, from, Some(to), lease, Instant::now()))
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
