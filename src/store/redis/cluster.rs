@@ -6,82 +6,11 @@ use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 
-use super::connection::{Conn, Source};
+use super::RedisStore;
 use super::notifier::PubSubSource;
-use super::settings::Pending;
-use super::{RedisStore, RedisStoreBuilder};
+use super::source::{Conn, NodeTimeouts, Source};
 use crate::error::{Chain, ConfigError, Error, Operation};
 use crate::sync::lock;
-
-impl RedisStore {
-    /// A builder for a store on a Redis Cluster, given some of its nodes. Every lock's
-    /// keys share one hash tag, so each script touches one slot; MOVED and
-    /// ASK are followed by the cluster client; renewals go out concurrently
-    /// on the cluster connection, which pipelines them per node.
-    ///
-    /// Release notifications use sharded pub/sub (Redis 7): a release
-    /// `SPUBLISH`es on the lock's channel, which shares its slot, and
-    /// waiters `SSUBSCRIBE` over one RESP3 cluster connection per store, on
-    /// the node that owns the slot. When a slot moves, a node connection
-    /// breaks or the server drops a subscription, the waiters concerned are
-    /// woken to try again and the subscription is renewed where the slot now
-    /// lives. A cluster that rejects `SSUBSCRIBE` (before Redis 7) still
-    /// releases; its waiters poll, and a warning says so once.
-    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
-    ///
-    /// Every node connection has a response timeout of a quarter of the
-    /// command timeout: a frozen node costs the calls on its own slots, and
-    /// a slot-map refresh (after a MOVED reply, say) that asks it ends
-    /// within that bound instead of holding every slot behind it.
-    pub fn cluster_builder(node_urls: &[&str]) -> RedisStoreBuilder {
-        let urls = node_urls.iter().map(|u| u.to_string()).collect();
-        RedisStoreBuilder::pending(Ok(Pending::Cluster(urls)))
-    }
-
-    /// A store with the defaults on a Redis Cluster:
-    /// `cluster_builder(..).build()`.
-    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
-    pub fn cluster(node_urls: &[&str]) -> Result<Self, ConfigError> {
-        Self::cluster_builder(node_urls).build()
-    }
-}
-
-/// The bounds on every connection a cluster store opens to a node.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct NodeTimeouts {
-    /// How long a node may take to answer one request (or to accept a
-    /// connection): a quarter of the command timeout, so that a slot-map
-    /// refresh that meets a frozen node (a ping, a reconnect) ends well
-    /// within one command timeout.
-    per_node: Duration,
-}
-
-impl NodeTimeouts {
-    pub(super) fn new(command_timeout: Duration) -> Self {
-        NodeTimeouts {
-            per_node: (command_timeout / 4).max(Duration::from_millis(1)),
-        }
-    }
-
-    /// The settings of a cluster connection of its own for grants that
-    /// wait for replicas: a node may take `bound` to answer (the `WAIT`
-    /// after a grant blocks until its timeout when replicas lag), and as
-    /// long as any other to accept a connection.
-    pub(super) fn for_waits(self, bound: Duration) -> redis::cluster::ClusterConfig {
-        redis::cluster::ClusterConfig::new()
-            .set_connection_timeout(self.per_node)
-            .set_response_timeout(bound)
-    }
-
-    /// `builder` with these bounds. No overall bound of the client's own:
-    /// the store's command timeout bounds every call (redirects included).
-    pub(super) fn apply(self, builder: ClusterClientBuilder) -> ClusterClientBuilder {
-        builder
-            .response_timeout(self.per_node)
-            .connection_timeout(self.per_node)
-            .overall_response_timeout(None)
-    }
-}
 
 /// The sources of a cluster store given some of its nodes.
 pub(super) fn sources(

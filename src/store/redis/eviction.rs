@@ -2,7 +2,7 @@
 //! that can evict keys with an expiry can delete a held lock.
 
 use super::RedisStore;
-use super::connection::Conn;
+use super::source::Conn;
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
 use crate::sync::lock;

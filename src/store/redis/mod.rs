@@ -3,12 +3,14 @@
 //!
 //! | file | job |
 //! |---|---|
-//! | `settings.rs` | `RedisStoreBuilder`: constructors over a URL or a pool, the settings and their checks |
-//! | `sentinel.rs`, `cluster.rs` | the Sentinel and Cluster builders (features `sentinel`, `cluster`); the Sentinels' `+switch-master` watch |
+//! | `settings.rs` | `RedisStoreBuilder`: every constructor (URL, pool, Sentinel, Cluster), the settings and their checks |
+//! | `sentinel.rs`, `cluster.rs` | the Sentinel and Cluster connection sources (features `sentinel`, `cluster`); the Sentinels' `+switch-master` watch; the slot-map refresh |
+//! | `sentinel_client.rs` | the client that asks every Sentinel for the primary |
 //! | `data_nodes.rs` | `DataNodes`: how a Sentinel store reaches the primary and replicas |
 //! | `scripts.rs`, `scripts/*.lua` | the Lua scripts and the calls that run them |
 //! | `keys.rs` | Redis names of a lock (hash tag, fencing bucket) |
-//! | `connection.rs` | connection sources, the shared connection, call timeouts |
+//! | `source.rs` | where connections come from (`Source`), the connection (`Conn`), a cluster's node timeouts |
+//! | `connection.rs` | the shared connection, opened from the source, and call timeouts |
 //! | `replicas.rs` | `WAIT` for replicas (or `WAITAOF`) after a grant |
 //! | `eviction.rs` | the `maxmemory-policy` check |
 //! | `notifier/` | release notifications over pub/sub |
@@ -37,10 +39,12 @@ mod replicas;
 mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+#[cfg(feature = "sentinel")]
+mod sentinel_client;
 mod settings;
+mod source;
 mod tls;
 
-use connection::{Conn, Source};
 #[cfg(feature = "sentinel")]
 pub use data_nodes::{DataNodes, NodeTls};
 pub use eviction::EvictionCheck;
@@ -50,6 +54,7 @@ pub use replicas::ReplicaShortfall;
 use replicas::WaitReplicas;
 use scripts::{Argv, EXTEND, EXTEND_PERMIT, RELEASE, ScriptCall, evalsha, is_no_script};
 pub use settings::RedisStoreBuilder;
+use source::{Conn, Source};
 
 /// Locks on one Redis primary (standalone, or the primary of a replicated
 /// setup with no automatic failover).

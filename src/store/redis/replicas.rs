@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use redis::RedisError;
 
-use super::connection::Conn;
 use super::scripts::ScriptCall;
+use super::source::Conn;
 use super::{RedisStore, ms};
 use crate::error::ConfigError;
 use crate::error::{Error, Operation};
@@ -232,8 +232,8 @@ impl RedisStore {
         bound: std::time::Duration,
     ) -> Result<Conn, Error> {
         #[cfg(feature = "cluster")]
-        if let super::connection::Source::Cluster(client) = &self.inner.source {
-            let config = super::cluster::NodeTimeouts::new(self.inner.timeout).for_waits(bound);
+        if let super::source::Source::Cluster(client) = &self.inner.source {
+            let config = super::source::NodeTimeouts::new(self.inner.timeout).for_waits(bound);
             return client
                 .get_async_connection_with_config(config)
                 .await

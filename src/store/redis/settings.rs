@@ -5,9 +5,9 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use super::connection::Source;
 use super::notifier::PubSubSource;
 use super::replicas::WaitReplicas;
+use super::source::Source;
 use super::{EvictionCheck, Inner, MAX_PX, RedisStore, ReplicaShortfall, ms};
 use crate::error::ConfigError;
 use crate::key::validate_name;
@@ -156,6 +156,74 @@ impl RedisStore {
                 rereading: std::sync::atomic::AtomicBool::new(false),
             }),
         }
+    }
+}
+
+#[cfg(feature = "sentinel")]
+impl RedisStore {
+    /// A builder for a store on the primary that a set of Sentinels names
+    /// for `master_name`, with release notifications. Connections are
+    /// resolved through the Sentinels and re-resolved when one breaks, so
+    /// new grants follow a failover; a holder whose renewals then find no
+    /// key (the grant was not replicated) is told its lock is lost.
+    ///
+    /// The Sentinel URLs carry the Sentinels' credentials (the same for
+    /// all) and TLS mode (`rediss://`). The primary and replicas are
+    /// reached with the same credentials and TLS mode unless
+    /// [`data_nodes`](RedisStoreBuilder::data_nodes) says otherwise.
+    ///
+    /// A failover is also followed as soon as a Sentinel announces it
+    /// (`+switch-master`). Consider
+    /// [`wait_replicas`](RedisStoreBuilder::wait_replicas) (or
+    /// [`wait_aof`](RedisStoreBuilder::wait_aof)) so that a grant a
+    /// failover could lose is refused rather than acknowledged.
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn sentinel_builder(sentinel_urls: &[&str], master_name: &str) -> RedisStoreBuilder {
+        RedisStoreBuilder::pending(Ok(Pending::Sentinel {
+            urls: sentinel_urls.iter().map(|u| u.to_string()).collect(),
+            master: master_name.to_owned(),
+        }))
+    }
+
+    /// A store with the defaults on the primary that the Sentinels name:
+    /// `sentinel_builder(..).build()`.
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn sentinel(sentinel_urls: &[&str], master_name: &str) -> Result<Self, ConfigError> {
+        Self::sentinel_builder(sentinel_urls, master_name).build()
+    }
+}
+
+#[cfg(feature = "cluster")]
+impl RedisStore {
+    /// A builder for a store on a Redis Cluster, given some of its nodes. Every lock's
+    /// keys share one hash tag, so each script touches one slot; MOVED and
+    /// ASK are followed by the cluster client; renewals go out concurrently
+    /// on the cluster connection, which pipelines them per node.
+    ///
+    /// Release notifications use sharded pub/sub (Redis 7): a release
+    /// `SPUBLISH`es on the lock's channel, which shares its slot, and
+    /// waiters `SSUBSCRIBE` over one RESP3 cluster connection per store, on
+    /// the node that owns the slot. When a slot moves, a node connection
+    /// breaks or the server drops a subscription, the waiters concerned are
+    /// woken to try again and the subscription is renewed where the slot now
+    /// lives. A cluster that rejects `SSUBSCRIBE` (before Redis 7) still
+    /// releases; its waiters poll, and a warning says so once.
+    ///
+    /// Every node connection has a response timeout of a quarter of the
+    /// command timeout: a frozen node costs the calls on its own slots, and
+    /// a slot-map refresh (after a MOVED reply, say) that asks it ends
+    /// within that bound instead of holding every slot behind it.
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn cluster_builder(node_urls: &[&str]) -> RedisStoreBuilder {
+        let urls = node_urls.iter().map(|u| u.to_string()).collect();
+        RedisStoreBuilder::pending(Ok(Pending::Cluster(urls)))
+    }
+
+    /// A store with the defaults on a Redis Cluster:
+    /// `cluster_builder(..).build()`.
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn cluster(node_urls: &[&str]) -> Result<Self, ConfigError> {
+        Self::cluster_builder(node_urls).build()
     }
 }
 

@@ -15,7 +15,7 @@ use redis::{RedisError, RedisResult};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::super::connection::timeout_error;
+use super::super::source::timeout_error;
 use super::{Channels, wake};
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
@@ -30,10 +30,10 @@ pub(in crate::store::redis) enum PubSubSource {
     /// The primary the Sentinels name, asked again on every reconnect, so
     /// the connection follows a failover.
     #[cfg(feature = "sentinel")]
-    Sentinel(Arc<crate::store::redis::sentinel::Sentinels>),
+    Sentinel(Arc<crate::store::redis::sentinel_client::Sentinels>),
     /// A Redis Cluster, given some of its nodes: sharded pub/sub.
     #[cfg(feature = "cluster")]
-    Cluster(Arc<[String]>, crate::store::redis::cluster::NodeTimeouts),
+    Cluster(Arc<[String]>, crate::store::redis::source::NodeTimeouts),
 }
 
 impl PubSubSource {
