@@ -1,4 +1,4 @@
-//! History checker (issue 10): several worker processes take and use locks
+//! History checker: several worker processes take and use locks
 //! under injected faults, log everything they saw on the system-wide
 //! monotonic clock, and the history is checked afterwards.
 //!

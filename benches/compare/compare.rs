@@ -1,4 +1,4 @@
-//! Issue 13's comparison, every figure from one command:
+//! The comparison with rslock, every figure from one command:
 //!
 //! ```text
 //! cargo bench -p tower-redis-lock-compare --bench compare

@@ -448,7 +448,7 @@ fn timed_locker(
     Locker::builder(st).lease(lease).build().unwrap()
 }
 
-/// Issue 22 B1: with one primary frozen, a MOVED reply (a slot moved
+/// With one primary frozen, a MOVED reply (a slot moved
 /// between two healthy primaries behind the store's back) makes the
 /// cluster client refresh its slot map, which asks every node; the frozen
 /// one never answers. Every node connection has a response timeout, so the
@@ -532,7 +532,7 @@ async fn a_frozen_node_and_a_moved_reply_stall_no_healthy_slot() {
     assert!(held.release().await.unwrap());
 }
 
-/// Issue 22 B2: when a primary freezes and its replica takes over, the
+/// When a primary freezes and its replica takes over, the
 /// store follows: a frozen primary answers neither an error nor a
 /// redirect, so the store refreshes its view of the cluster when calls
 /// time out on it. Once every healthy node names the new primary, a grant

@@ -198,7 +198,7 @@ async fn a_grant_waiting_for_replicas_holds_up_no_other_command() {
     set.replica.thaw();
 }
 
-/// Issue 22 B4: a frozen first Sentinel costs a lookup nothing. The other
+/// A frozen first Sentinel costs a lookup nothing. The other
 /// Sentinels answer at once, so a store whose command timeout (300 ms) is
 /// below redis-rs' own per-Sentinel response timeout (500 ms) connects and
 /// grants within a few of its own command timeouts, whatever the list
