@@ -10,17 +10,18 @@
 //! the names, units and labels are in README's "Metrics" section; without
 //! the feature the metric calls below are empty.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use tracing::Span;
 use tracing::field::Empty;
 
-use crate::engine::Lease;
 use crate::error::Error;
 #[cfg(feature = "metrics")]
 use crate::error::Operation;
 use crate::key::LockKey;
 use crate::store::LeaseKind;
+use crate::token::FencingToken;
 
 #[cfg(feature = "metrics")]
 use crate::metrics as name;
@@ -112,33 +113,38 @@ impl Outcome {
 
 /// Opens the `lock.hold` span of a fresh grant, a child of the caller's
 /// current span; it closes when the lock's state is gone.
-pub(crate) fn hold_started(lease: &Lease) {
-    let _ = lease.span.set(tracing::info_span!(
+pub(crate) fn hold_started(
+    hold: &OnceLock<Span>,
+    key: &LockKey,
+    kind: LeaseKind,
+    token: Option<FencingToken>,
+) {
+    let _ = hold.set(tracing::info_span!(
         "lock.hold",
-        key = %lease.key,
-        kind = kind_label(lease.kind),
-        fencing_token = lease.token.ok().map(crate::token::FencingToken::get),
+        key = %key,
+        kind = kind_label(kind),
+        fencing_token = token.map(FencingToken::get),
         outcome = Empty,
     ));
 }
 
 /// The `lock.release` span of a release (`op`: "release", "finish" or
 /// "background"), a child of the hold's span.
-pub(crate) fn release_span(lease: &Lease, op: &'static str) -> Span {
-    let parent = lease.span.get().cloned().unwrap_or_else(Span::current);
-    tracing::info_span!(parent: &parent, "lock.release", key = %lease.key, op, owned = Empty)
+pub(crate) fn release_span(hold: &OnceLock<Span>, key: &LockKey, op: &'static str) -> Span {
+    let parent = hold.get().cloned().unwrap_or_else(Span::current);
+    tracing::info_span!(parent: &parent, "lock.release", key = %key, op, owned = Empty)
 }
 
 /// A lease flipped to lost (`reason`: "not_owner", "expired" or "stopped").
-pub(crate) fn lost(lease: &Lease, reason: &'static str) {
-    if let Some(span) = lease.span.get() {
+pub(crate) fn lost(hold: &OnceLock<Span>, key: &LockKey, reason: &'static str) {
+    if let Some(span) = hold.get() {
         span.record("outcome", "lost");
     }
     #[cfg(feature = "metrics")]
-    ::metrics::counter!(name::LOST, "namespace" => lease.key.namespace().to_owned(), "reason" => reason)
+    ::metrics::counter!(name::LOST, "namespace" => key.namespace().to_owned(), "reason" => reason)
         .increment(1);
     #[cfg(not(feature = "metrics"))]
-    let _ = reason;
+    let _ = (key, reason);
 }
 
 /// A renewal answered "extended", `lag` after it was due.

@@ -336,7 +336,7 @@ impl LockGuard {
                 retention,
             },
         );
-        let span = observe::release_span(l, "finish");
+        let span = l.release_span("finish");
         let finish = e.store.finish(&l.key, &l.owner, record, retention);
         let res = finish.instrument(span.clone()).await;
         span.in_scope(|| match &res {
@@ -486,7 +486,7 @@ impl LockGuard {
         let l = &*e.lease;
         // Dropped before the answer: the release goes on in the background.
         let mut pending = PendingEnd::arm(e, EndOp::Release);
-        let span = observe::release_span(l, "release");
+        let span = l.release_span("release");
         let res = release_lease(&e.store, l.kind, &l.key, &l.owner)
             .instrument(span.clone())
             .await;

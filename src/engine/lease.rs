@@ -162,6 +162,17 @@ impl Lease {
         self.is_active() && Instant::now() < self.valid_until()
     }
 
+    /// Opens this lease's `lock.hold` span (see `observe.rs`).
+    pub(crate) fn hold_started(&self) {
+        crate::observe::hold_started(&self.span, &self.key, self.kind, self.token.ok());
+    }
+
+    /// The `lock.release` span of a release of this lease (`op`:
+    /// "release", "finish" or "background").
+    pub(crate) fn release_span(&self, op: &'static str) -> tracing::Span {
+        crate::observe::release_span(&self.span, &self.key, op)
+    }
+
     /// Flips a held lease to lost and tells every observer. Returns whether
     /// this call did it.
     pub(crate) fn mark_lost(&self, reason: LossReason) -> bool {
@@ -170,7 +181,7 @@ impl Lease {
             .compare_exchange(HELD, LOST, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if flipped {
-            crate::observe::lost(self, reason.label());
+            crate::observe::lost(&self.span, &self.key, reason.label());
             self.lost.cancel();
             tracing::warn!(
                 key = %self.key,

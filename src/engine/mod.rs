@@ -45,7 +45,6 @@ mod watchdog;
 pub use builder::LockerBuilder;
 pub use exported::ExportedLease;
 pub use guard::LockGuard;
-pub(crate) use lease::Lease;
 pub use locker::{Acquired, Locker, Status};
 pub use semaphore::Semaphore;
 #[cfg_attr(not(feature = "axum"), allow(unused_imports))]

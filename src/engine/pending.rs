@@ -114,7 +114,7 @@ impl Ending {
             op,
             pause_first,
         );
-        let job = job.instrument(crate::observe::release_span(&self.lease, "background"));
+        let job = job.instrument(self.lease.release_span("background"));
         if !spawn_detached(self.runtime.as_ref(), job) {
             tracing::warn!(
                 key = %self.lease.key,

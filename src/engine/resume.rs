@@ -92,7 +92,7 @@ impl<S: LockStore> Locker<S> {
             fencing_token = token.ok().map(FencingToken::get),
             "exported lock resumed"
         );
-        crate::observe::hold_started(&lease);
+        lease.hold_started();
         let end = Ending {
             lease,
             store: self.inner.erased.clone(),

@@ -47,7 +47,7 @@ impl<S: LockStore> Locker<S> {
         }
         match &res {
             // (Granted, completed and refused are recorded where they happen.)
-            Ok(Acquired::Locked(guard)) => observe::hold_started(guard.lease_state()),
+            Ok(Acquired::Locked(guard)) => guard.lease_state().hold_started(),
             Err(e) if !e.is_contended() => {
                 observe::acquired(&span, key, start.elapsed(), false, &Err(e));
             }
