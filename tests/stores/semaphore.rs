@@ -220,18 +220,25 @@ macro_rules! semaphore_suite {
             #[tokio::test]
             async fn the_watchdog_keeps_a_permit_across_several_leases() {
                 let (store, _keep) = $fixture;
-                let l = locker(store.clone(), 300, 0);
-                let other = locker(store, 300, 0);
+                // The lease of the lock's version of this test: a 300 ms
+                // lease lapsed when the test's thread got no CPU for about
+                // 200 ms (2 cores, a full test run and three builds).
+                let l = locker(store.clone(), 600, 0);
+                let other = locker(store, 600, 0);
                 let k = key("renewed");
                 let g = l.semaphore(&k, 1).unwrap().try_acquire().await.unwrap();
                 let held_from = Instant::now();
                 let sem = other.semaphore(&k, 1).unwrap();
-                while held_from.elapsed() < Duration::from_millis(1_200) {
+                while held_from.elapsed() < Duration::from_millis(2_400) {
                     assert!(g.is_held(), "lost after {:?}", held_from.elapsed());
                     assert!(sem.try_acquire().await.unwrap_err().is_contended());
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                assert!(g.release().await.unwrap());
+                assert!(!g.is_lost());
+                assert!(
+                    g.release().await.unwrap(),
+                    "still owned after 4 lease lengths"
+                );
                 assert!(sem.try_acquire().await.is_ok());
             }
 
