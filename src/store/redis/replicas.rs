@@ -89,6 +89,7 @@ impl Grant<'_> {
     /// A script of no declared key (so a Cluster node runs it without a
     /// redirect) answering 1 where the grant is on the node it runs on,
     /// owner-checked, else 0.
+    #[cfg(feature = "cluster")]
     fn held_here(&self, store: &RedisStore) -> redis::Cmd {
         let (script, name) = match self.kind {
             LeaseKind::Lock => (
