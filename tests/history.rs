@@ -457,8 +457,9 @@ fn history_redlock_3_nodes() {
 /// kills), seeded. One primary, 5 s, in `cargo test`.
 ///
 /// `NEMESIS_SECONDS=<n>` runs histories of `NEMESIS_WORKLOAD_MS` (10 s)
-/// for `n` seconds instead, alternating one primary, Redlock over 3 nodes
-/// and a Cluster of 3 primaries, and prints the figures.
+/// for `n` seconds instead, alternating one primary, Redlock over 3 nodes,
+/// a Cluster of 3 primaries and a primary behind Sentinel, and prints the
+/// figures.
 /// `NEMESIS_STORE=redlock` runs only Redlock (`single` only one primary,
 /// `cluster` only the Cluster, `sentinel` only a primary behind Sentinel);
 /// `NEMESIS_FAULTS=latency,sever` only those kinds (`Fault::name`).
@@ -491,7 +492,7 @@ fn history_nemesis() {
     };
     let stores: Vec<&str> = match store.as_deref() {
         Some(s) => vec![s],
-        None if long.is_some() => vec!["single", "redlock", "cluster"],
+        None if long.is_some() => vec!["single", "redlock", "cluster", "sentinel"],
         None => vec!["single"],
     };
     let end = Instant::now() + Duration::from_secs(long.unwrap_or(0));
