@@ -35,7 +35,7 @@ use checks::{
 };
 use faults::{Fault, FaultCounts, Links, Plan, Workers, inject_faults};
 use monitor::{MONITOR_END, monitor};
-use worker::{WorkerSpec, mono_ns, worker_main};
+use worker::{SentinelSpec, WorkerSpec, mono_ns, worker_main};
 
 /// Environment variable carrying a worker's spec; absent in normal test runs.
 const WORKER_ENV: &str = "HISTORY_WORKER";
@@ -162,6 +162,18 @@ struct Figures {
 /// Runs one history: `run.workers` processes against `lock_servers`,
 /// faults until the workload ends, then every check.
 fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], run: &Run) -> Figures {
+    run_history_on(name, seed, lock_servers, None, run)
+}
+
+/// [`run_history`], the lock server being the primary `sentinel` names
+/// when given.
+fn run_history_on(
+    name: &str,
+    seed: u64,
+    lock_servers: &[RedisServer],
+    sentinel: Option<SentinelSpec>,
+    run: &Run,
+) -> Figures {
     let started = Instant::now();
     eprintln!("{name}: seed {seed} (replay: HISTORY_SEED={seed} cargo test --test history {name})");
     let resource = RedisServer::start();
@@ -194,6 +206,7 @@ fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], run: &Run) -
             }
         },
         cluster: run.proxied == Proxies::Shared,
+        sentinel,
         pauses: Vec::new(),
     };
     for _ in 0..run.workers {
@@ -230,6 +243,16 @@ fn run_history(name: &str, seed: u64, lock_servers: &[RedisServer], run: &Run) -
             Vec::new()
         }
     };
+    // The faults reached the workers only if their traffic went through
+    // the proxies (behind Sentinel, by the address map).
+    if let Some(links) = &pool.links {
+        let (up, down) = links.bytes();
+        if up == 0 || down == 0 {
+            violations.push(format!(
+                "proxies: no traffic went through them ({up} bytes up, {down} down)"
+            ));
+        }
+    }
     let h = build_history(&pool.finished);
     if run.permits == 0 {
         check_exclusion(&h, &mut violations);
@@ -434,11 +457,12 @@ fn history_redlock_3_nodes() {
 /// kills), seeded. One primary, 5 s, in `cargo test`.
 ///
 /// `NEMESIS_SECONDS=<n>` runs histories of `NEMESIS_WORKLOAD_MS` (10 s)
-/// for `n` seconds instead, alternating one primary, Redlock over 3 nodes
-/// and a Cluster of 3 primaries, and prints the figures.
+/// for `n` seconds instead, alternating one primary, Redlock over 3 nodes,
+/// a Cluster of 3 primaries and a primary behind Sentinel, and prints the
+/// figures.
 /// `NEMESIS_STORE=redlock` runs only Redlock (`single` only one primary,
-/// `cluster` only the Cluster); `NEMESIS_FAULTS=latency,sever` only those
-/// kinds (`Fault::name`).
+/// `cluster` only the Cluster, `sentinel` only a primary behind Sentinel);
+/// `NEMESIS_FAULTS=latency,sever` only those kinds (`Fault::name`).
 #[test]
 fn history_nemesis() {
     let base = seed();
@@ -468,7 +492,7 @@ fn history_nemesis() {
     };
     let stores: Vec<&str> = match store.as_deref() {
         Some(s) => vec![s],
-        None if long.is_some() => vec!["single", "redlock", "cluster"],
+        None if long.is_some() => vec!["single", "redlock", "cluster", "sentinel"],
         None => vec!["single"],
     };
     let end = Instant::now() + Duration::from_secs(long.unwrap_or(0));
@@ -489,7 +513,8 @@ fn history_nemesis() {
             }
             "redlock" => run_history("history_nemesis", seed, &start_independent(3), &run),
             "cluster" => nemesis_on_a_cluster("history_nemesis", seed, &run),
-            other => panic!("NEMESIS_STORE is single, redlock or cluster, not {other:?}"),
+            "sentinel" => nemesis_behind_sentinel("history_nemesis", seed, &run),
+            other => panic!("NEMESIS_STORE is single, redlock, cluster or sentinel, not {other:?}"),
         };
         histories += 1;
         total.grants += f.grants;
@@ -561,4 +586,58 @@ fn history_nemesis_cluster() {
         min_progress: ((per_second * 0.4) as usize, (per_second * 0.2) as usize),
     };
     nemesis_on_a_cluster("history_nemesis_cluster", seed, &run);
+}
+
+/// A nemesis history behind Sentinel: a primary, its replica and three
+/// Sentinels. Each worker's store asks the Sentinels (directly) for the
+/// primary and reaches the address they name through proxies of its own
+/// (`DataNodes::with_address_map`), so a fault cuts one worker off from
+/// the primary while the others and the Sentinels still reach it: a
+/// client-side fault, never a failover.
+fn nemesis_behind_sentinel(name: &str, seed: u64, run: &Run) -> Figures {
+    let set = support::topology::SentinelSet::start();
+    let (host, port) = set.master_addr();
+    let sentinel = SentinelSpec {
+        urls: set.sentinel_urls(),
+        master: set.master_name.clone(),
+        named: format!("{host}:{port}").parse().unwrap(),
+    };
+    let run = Run {
+        proxied: Proxies::PerWorker,
+        plan: run.plan.clone(),
+        ..*run
+    };
+    let figures = run_history_on(
+        name,
+        seed,
+        std::slice::from_ref(&set.primary),
+        Some(sentinel),
+        &run,
+    );
+    // The faults were the workers' alone: the Sentinels never failed over.
+    assert_eq!(
+        set.master_addr().1,
+        port,
+        "the Sentinels failed over during the run\n{}",
+        set.diagnostics()
+    );
+    figures
+}
+
+/// The nemesis behind Sentinel, 5 s, in `cargo test` (see
+/// [`nemesis_behind_sentinel`]; the long run: `NEMESIS_STORE=sentinel`
+/// with `history_nemesis`).
+#[test]
+fn history_nemesis_sentinel() {
+    let seed = seed();
+    let per_second = NEMESIS_WORKLOAD.as_secs_f64();
+    let run = Run {
+        workers: 4,
+        workload: NEMESIS_WORKLOAD,
+        plan: Plan::nemesis(&nemesis_kinds()),
+        proxied: Proxies::PerWorker,
+        permits: 0,
+        min_progress: ((per_second * 0.6) as usize, (per_second * 0.3) as usize),
+    };
+    nemesis_behind_sentinel("history_nemesis_sentinel", seed, &run);
 }

@@ -294,8 +294,9 @@ pub fn check_claims(h: &History, violations: &mut Vec<String>) {
 }
 
 /// Check 1c: every guard whose lock lapsed saw `lost()` by its deadline.
-/// A lock lapsed when another holder was granted the key before this one
-/// gave it back: its Redis lease had ended, and the guard's deadline comes
+/// A lock lapsed when another holder was granted the key after it (a
+/// larger token, answered later) before this one gave it back: its Redis
+/// lease had ended, and the guard's deadline comes
 /// before that (it is counted from when the grant or renewal was sent,
 /// less a margin), so `lost()` must have resolved by the other's grant
 /// (plus `LOST_SLACK` for the worker's timer and log). A lock taken with a
@@ -312,11 +313,15 @@ pub fn check_lost(
     let mut closest: Option<f64> = None;
     let slack = LOST_SLACK.as_nanos() as u64;
     for a in &h.grants {
-        // The earliest moment the lock had certainly lapsed, and why.
+        // The earliest moment the lock had certainly lapsed, and why: a
+        // later grant of the key, one whose answer came later and whose
+        // token is larger (a grant made in the store before this one, whose
+        // answer was held up past its lease, arrives lost and says nothing
+        // of this one).
         let next = h
             .grants
             .iter()
-            .filter(|b| b.key == a.key && b.granted > a.granted)
+            .filter(|b| b.key == a.key && b.granted > a.granted && b.token > a.token)
             .filter(|b| a.given_back.is_none_or(|g| g > b.granted))
             .min_by_key(|b| b.granted);
         let mut bound = next.map(|b| (b.granted, format!("{} was granted the key", b.id)));

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::RedisServer;
 use crate::support::fault::FaultProxy;
-use crate::worker::{WorkerSpec, mono_ns};
+use crate::worker::{SentinelSpec, WorkerSpec, mono_ns};
 use crate::{LEASE, WORKER_ENV, WORKER_TEST};
 
 /// The worker processes; every one still running is SIGCONTed, SIGKILLed
@@ -34,6 +34,9 @@ pub struct Workers {
     pub links: Option<Links>,
     /// The lock servers are the nodes of one Redis Cluster.
     pub cluster: bool,
+    /// The lock server is a primary behind Sentinel (see
+    /// `WorkerSpec::sentinel`).
+    pub sentinel: Option<SentinelSpec>,
     /// When workers were stopped (SIGSTOP): worker id, from, to (ns).
     pub pauses: Vec<(u32, u64, u64)>,
 }
@@ -93,6 +96,16 @@ impl Links {
         urls
     }
 
+    /// Bytes every proxy carried, each way (to the servers, back).
+    pub fn bytes(&self) -> (u64, u64) {
+        self.proxies
+            .iter()
+            .flat_map(|(_, p)| p)
+            .chain(self.shared.iter().flatten())
+            .map(FaultProxy::bytes)
+            .fold((0, 0), |(u, d), (a, b)| (u + a, d + b))
+    }
+
     pub fn of(&self, id: u32) -> &[FaultProxy] {
         if let Some(shared) = &self.shared {
             return shared;
@@ -126,6 +139,7 @@ impl Workers {
             seed: self.seed,
             lock_urls,
             cluster: self.cluster,
+            sentinel: self.sentinel.clone(),
             resource_url: self.resource_url.clone(),
             log: log.clone(),
             deadline_ns: self.deadline_ns,

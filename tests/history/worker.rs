@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tower_redis_lock::{
-    FenceOutcome, FencedResource, LockGuard, LockKey, LockStore, Locker, RedisStore, RedlockStore,
+    DataNodes, FenceOutcome, FencedResource, LockGuard, LockKey, LockStore, Locker, RedisStore,
+    RedlockStore,
 };
 
 use crate::{CALL_GUARD, KEYS, LEASE, MAX_ITERATIONS, NAMESPACE, WAIT, WORKER_ENV};
@@ -73,6 +74,10 @@ pub struct WorkerSpec {
     pub lock_urls: Vec<String>,
     /// The lock servers are one Redis Cluster's nodes.
     pub cluster: bool,
+    /// Behind Sentinel: the Sentinels' URLs and the primary's name, and the
+    /// address they name the primary by; the store reaches that address at
+    /// `lock_urls[0]` (the worker's proxy) instead.
+    pub sentinel: Option<SentinelSpec>,
     pub resource_url: String,
     pub log: PathBuf,
     pub deadline_ns: u64,
@@ -81,9 +86,18 @@ pub struct WorkerSpec {
     pub permits: u32,
 }
 
+/// How a worker behind Sentinel finds the primary.
+#[derive(Debug, Clone)]
+pub struct SentinelSpec {
+    pub urls: Vec<String>,
+    pub master: String,
+    /// The primary's address as the Sentinels name it.
+    pub named: std::net::SocketAddr,
+}
+
 impl WorkerSpec {
     pub fn encode(&self) -> String {
-        format!(
+        let mut text = format!(
             "id={};seed={};locks={};cluster={};resource={};log={};deadline={};permits={}",
             self.id,
             self.seed,
@@ -93,7 +107,16 @@ impl WorkerSpec {
             self.log.display(),
             self.deadline_ns,
             self.permits
-        )
+        );
+        if let Some(s) = &self.sentinel {
+            text += &format!(
+                ";sentinels={};master={};named={}",
+                s.urls.join(","),
+                s.master,
+                s.named
+            );
+        }
+        text
     }
 
     pub fn decode(text: &str) -> WorkerSpec {
@@ -111,6 +134,11 @@ impl WorkerSpec {
             seed: field("seed").parse().unwrap(),
             lock_urls: field("locks").split(',').map(str::to_owned).collect(),
             cluster: field("cluster") == "1",
+            sentinel: fields.contains_key("sentinels").then(|| SentinelSpec {
+                urls: field("sentinels").split(',').map(str::to_owned).collect(),
+                master: field("master").to_owned(),
+                named: field("named").parse().unwrap(),
+            }),
             resource_url: field("resource").to_owned(),
             log: PathBuf::from(field("log")),
             deadline_ns: field("deadline").parse().unwrap(),
@@ -154,7 +182,25 @@ pub async fn worker_main(spec: WorkerSpec) {
             last = now;
         }
     });
-    if spec.cluster {
+    if let Some(sentinel) = &spec.sentinel {
+        let urls: Vec<&str> = sentinel.urls.iter().map(String::as_str).collect();
+        let proxy = spec.lock_urls[0]
+            .trim_start_matches("redis://")
+            .trim_end_matches('/')
+            .parse::<std::net::SocketAddr>()
+            .unwrap();
+        let named = (sentinel.named.ip().to_string(), sentinel.named.port());
+        let reach = (proxy.ip().to_string(), proxy.port());
+        let store = RedisStore::sentinel_builder(&urls, &sentinel.master)
+            .data_nodes(
+                DataNodes::new()
+                    .with_address_map((named.0.as_str(), named.1), (reach.0.as_str(), reach.1)),
+            )
+            .command_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap();
+        worker_loop(&spec, &mut log, store).await;
+    } else if spec.cluster {
         let urls: Vec<&str> = spec.lock_urls.iter().map(String::as_str).collect();
         let store = RedisStore::cluster_builder(&urls)
             .command_timeout(Duration::from_millis(500))

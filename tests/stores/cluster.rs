@@ -1,5 +1,6 @@
 //! The Redis store on a real three-primary Redis Cluster.
 
+use crate::kinds::Take;
 use crate::support;
 use support::logs::Logs;
 use support::stores::redis_name;
@@ -1372,27 +1373,48 @@ async fn eventually_ok<T, E: std::fmt::Debug, F: std::future::Future<Output = Re
     }
 }
 
-/// `wait_replicas` across a failover on a Cluster: grants keep coming on
-/// one primary's slots while its replica is cut off (frozen, its link
-/// killed: every later write is one it misses), then the primary is
-/// frozen and the replica takes over (`CLUSTER FAILOVER TAKEOVER`). Every
-/// grant the store answered is on the new primary, and another store gets
-/// none of them: no second holder. (Without the wait, the grants made
-/// while the replica was cut off are answered and lost.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_wait_a_takeover_in_the_middle_of_grants_gives_no_second_holder() {
+/// What a takeover in the middle of grants left (see
+/// [`takeover_in_the_middle_of_grants`]).
+struct Takeover {
+    /// Keys tried, and leases granted.
+    tries: u32,
+    granted: usize,
+    /// Granted leases that are not on the new primary.
+    missing: usize,
+    /// Holders beyond a key's capacity once another store has taken what
+    /// it can of each granted key (their leases all valid).
+    over: usize,
+}
+
+/// `take` of fresh keys of one slot (its lock, or every permit of its
+/// semaphore), one key every 10 ms, while the slot's replica is cut off
+/// (frozen, its link killed: every later write is one it misses), then
+/// the primary is frozen and the replica takes over (`CLUSTER FAILOVER
+/// TAKEOVER`). The store waits for the replica with `wait`, or not at all.
+async fn takeover_in_the_middle_of_grants(take: Take, wait: Option<ReplicaShortfall>) -> Takeover {
     let (cluster, primary, replica) = failover_cluster();
-    let store = waiting_store(&cluster, Duration::from_millis(300), ReplicaShortfall::Fail);
+    let store = match wait {
+        Some(on) => waiting_store(&cluster, Duration::from_millis(300), on),
+        None => store(&cluster),
+    };
     let l = Locker::builder(store)
         .lease(Duration::from_secs(60))
         .build()
         .unwrap();
-    let (_, slot) = id_on(&cluster, primary, &[], "takeover-");
-    let ids: Vec<String> = (0..100_000)
+    // Keys of the primary's slots (one `CLUSTER KEYSLOT` each): enough for
+    // a key every 10 ms until well after the takeover.
+    let ranges = cluster.slot_ranges();
+    let on_primary = |slot: u16| {
+        ranges
+            .iter()
+            .any(|&(first, last, node)| node == primary && (first..=last).contains(&slot))
+    };
+    let ids: Vec<String> = (0..)
         .map(|n| format!("takeover-{n}"))
-        .filter(|id| cluster.slot_of(&redis_name("cl", id, "lock")) == slot)
-        .take(400)
+        .filter(|id| on_primary(cluster.slot_of(&redis_name("cl", id, "lock"))))
+        .take(600)
         .collect();
+    let slot = cluster.slot_of(&redis_name("cl", &ids[0], "lock"));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (tries, grants) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
     let granter = {
@@ -1400,13 +1422,16 @@ async fn with_wait_a_takeover_in_the_middle_of_grants_gives_no_second_holder() {
         let (tries, grants) = (tries.clone(), grants.clone());
         tokio::spawn(async move {
             let mut held = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
             for id in ids {
+                tick.tick().await;
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
-                if let Ok(g) = l.try_acquire(&LockKey::new("cl", &id).unwrap()).await {
-                    held.push((id, g));
-                    grants.fetch_add(1, Ordering::Relaxed);
+                let (guards, _) = take.all(&l, &LockKey::new("cl", &id).unwrap()).await;
+                grants.fetch_add(guards.len() as u32, Ordering::Relaxed);
+                if !guards.is_empty() {
+                    held.push((id, guards));
                 }
                 tries.fetch_add(1, Ordering::Relaxed);
             }
@@ -1442,25 +1467,70 @@ async fn with_wait_a_takeover_in_the_middle_of_grants_gives_no_second_holder() {
     );
     stop.store(true, Ordering::Relaxed);
     let held = granter.await.unwrap();
-    assert!(held.len() >= 10, "{} grants", held.len());
-    let on_new = cluster.nodes[replica].keys();
+    let new_primary = &cluster.nodes[replica];
     let other = timed_locker(&cluster, Duration::from_secs(2), Duration::from_secs(30));
-    for (id, g) in &held {
-        assert!(
-            on_new.contains(&redis_name("cl", id, "lock")),
-            "{id} was granted (token {:?}) and is not on the new primary",
-            g.fencing_token()
-        );
-        let second = other.try_acquire(&LockKey::new("cl", id).unwrap()).await;
-        assert!(
-            matches!(&second, Err(e) if e.is_contended()),
-            "{id}: {second:?}"
-        );
+    let (mut missing, mut over) = (0, 0);
+    for (id, guards) in &held {
+        let name = redis_name("cl", id, take.suffix());
+        let there = match take {
+            Take::Lock => usize::from(new_primary.keys().contains(&name)),
+            Take::Permits(_) => new_primary.cmd(&["ZCARD", &name]).as_int().unwrap() as usize,
+        };
+        missing += guards.len().saturating_sub(there);
+        let (again, refused) = take.all(&other, &LockKey::new("cl", id).unwrap()).await;
+        // Every try answered (a refusal for want of a free lease, not an
+        // outage, which would count nothing).
+        assert!(refused.iter().all(Error::is_contended), "{id}: {refused:?}");
+        over += (guards.len() + again.len()).saturating_sub(take.capacity());
     }
+    let run = Takeover {
+        tries: tries.load(Ordering::Relaxed),
+        granted: held.iter().map(|(_, g)| g.len()).sum(),
+        missing,
+        over,
+    };
     eprintln!(
-        "{} grants answered of {} tries, all on the new primary",
-        held.len(),
-        tries.load(Ordering::Relaxed)
+        "{take:?}, wait {wait:?}: {} leases answered of {} keys tried, {} not on the new \
+         primary, {} holders beyond capacity",
+        run.granted, run.tries, run.missing, run.over
     );
     cluster.nodes[primary].thaw();
+    run
+}
+
+/// `wait_replicas` across a failover on a Cluster: locks taken on one
+/// primary's slots while its replica is cut off, then a takeover (see
+/// [`takeover_in_the_middle_of_grants`]). Every grant the store answered
+/// is on the new primary, and another store gets none of them: no second
+/// holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_a_takeover_in_the_middle_of_grants_gives_no_second_holder() {
+    let run = takeover_in_the_middle_of_grants(Take::Lock, Some(ReplicaShortfall::Fail)).await;
+    assert!(run.granted >= 10, "{} grants", run.granted);
+    assert_eq!(run.missing, 0, "grants answered and not on the new primary");
+    assert_eq!(run.over, 0, "second holders");
+}
+
+/// The same with every permit of semaphores of 2: each permit answered
+/// is on the new primary, and no key has more than 2 holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_a_takeover_in_the_middle_of_permit_grants_admits_no_more_than_n() {
+    let run =
+        takeover_in_the_middle_of_grants(Take::Permits(2), Some(ReplicaShortfall::Fail)).await;
+    assert!(run.granted >= 10, "{} permits", run.granted);
+    assert_eq!(
+        run.missing, 0,
+        "permits answered and not on the new primary"
+    );
+    assert_eq!(run.over, 0, "holders beyond 2 per key");
+}
+
+/// Without the wait, the permits granted while the replica was cut off
+/// are answered, lost in the takeover and granted again: more than 2
+/// holders of a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_wait_a_takeover_in_the_middle_of_permit_grants_admits_more_than_n() {
+    let run = takeover_in_the_middle_of_grants(Take::Permits(2), None).await;
+    assert!(run.missing > 0, "no permit was lost in the takeover");
+    assert!(run.over > 0, "no key had more than 2 holders");
 }

@@ -8,6 +8,7 @@
 //! which counts writes that connection never made there and answers at
 //! once: the grant is reported confirmed by a replica that never got it.
 
+use crate::kinds::Take;
 use crate::support;
 
 use support::stores::redis_name;
@@ -45,7 +46,7 @@ fn setslot(cluster: &Cluster, node: usize, slot: u16, args: &[&str]) {
     );
 }
 
-/// A grant of a new lock in a migrating slot lands on the importing
+/// A grant of a new lock (or permit) in a migrating slot lands on the importing
 /// primary (ASK), whose only replica is frozen: `wait_replicas(1, …)` with
 /// `ReplicaShortfall::Fail` must refuse it. It is answered as confirmed:
 /// the `WAIT` went to the migrating primary, whose replica is linked.
@@ -108,22 +109,30 @@ async fn with_wait_a_grant_redirected_by_ask_is_confirmed_where_it_was_written()
         .collect();
     cluster.nodes[to_replica].freeze();
     let mut confirmed = Vec::new();
-    for id in std::iter::once(&id).chain(&fresh) {
-        let lock = redis_name("askwait", id, "lock");
-        match l.try_acquire(&LockKey::new("askwait", id).unwrap()).await {
-            Err(Error::Unavailable { .. }) => {}
-            Ok(g) => confirmed.push((id.clone(), cluster.nodes[to].keys().contains(&lock), g)),
-            Err(e) => panic!("unexpected: {e:?}"),
+    // A lock's grant and a permit's alike.
+    for take in [Take::Lock, Take::Permits(2)] {
+        for id in std::iter::once(&id).chain(&fresh) {
+            let name = redis_name("askwait", id, take.suffix());
+            match take.one(&l, &LockKey::new("askwait", id).unwrap()).await {
+                Err(Error::Unavailable { .. }) => {}
+                Ok(g) => confirmed.push((
+                    take,
+                    id.clone(),
+                    cluster.nodes[to].keys().contains(&name),
+                    g,
+                )),
+                Err(e) => panic!("unexpected: {e:?}"),
+            }
         }
     }
     cluster.nodes[to_replica].thaw();
     assert!(
         confirmed.is_empty(),
-        "grants written on the importing primary (id, lock there) were answered as confirmed \
-         while that primary's only replica was frozen: {:?}",
+        "grants written on the importing primary (kind, id, grant there) were answered as \
+         confirmed while that primary's only replica was frozen: {:?}",
         confirmed
             .iter()
-            .map(|(id, there, _)| (id, there))
+            .map(|(take, id, there, _)| (take, id, there))
             .collect::<Vec<_>>()
     );
 }

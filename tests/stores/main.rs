@@ -11,6 +11,7 @@ mod credentials;
 mod eviction;
 mod handoff;
 mod handoff_review;
+mod kinds;
 mod network_faults;
 mod noscript;
 mod operator;

@@ -81,6 +81,53 @@ async fn a_primary_with_a_replica_confirms_grants_and_refuses_unconfirmed_ones()
     replica.thaw();
 }
 
+/// A semaphore's permit goes through the same confirmation: a grant the
+/// replica has is answered; one the frozen replica does not get is
+/// refused (`Unavailable`) and its permit removed, owner-checked: the
+/// permit held beside it stays, and the refused one is not counted. With
+/// `ReplicaShortfall::Proceed` an unconfirmed permit is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_is_confirmed_by_the_replica_and_one_it_misses_is_removed() {
+    let (primary, replica) = primary_and_replica(RedisServer::start_with, &[]);
+    let l = locker(&primary, |b| {
+        b.wait_replicas(1, Duration::from_secs(2), ReplicaShortfall::Fail)
+    });
+    let sem = l.semaphore(&key("permits"), 2).unwrap();
+    let permits = redis_name("replicas", "permits", "permits");
+    let held = sem.try_acquire().await.unwrap();
+    assert_eq!(replica.cmd(&["ZCARD", &permits]).as_int(), Some(1));
+    assert_eq!(primary.command_calls("wait"), 1);
+    replica.freeze();
+    match sem.try_acquire().await {
+        Err(Error::Unavailable { source, .. }) => {
+            assert!(
+                source.to_string().contains("replicas acknowledged"),
+                "{source}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(primary.command_calls("wait"), 2);
+    // Only the held permit is left: the refused one was removed.
+    assert_eq!(primary.cmd(&["ZCARD", &permits]).as_int(), Some(1));
+    // With `ReplicaShortfall::Proceed` the unconfirmed permit is kept, and
+    // counts: the semaphore is full.
+    let proceeding = locker(&primary, |b| {
+        b.wait_replicas(1, Duration::from_millis(200), ReplicaShortfall::Proceed)
+    });
+    let kept = proceeding.semaphore(&key("permits"), 2).unwrap();
+    let kept = kept.try_acquire().await.unwrap();
+    assert_eq!(primary.cmd(&["ZCARD", &permits]).as_int(), Some(2));
+    replica.thaw();
+    let other = locker(&primary, |b| b);
+    let second = other.semaphore(&key("permits"), 2).unwrap();
+    assert!(second.try_acquire().await.unwrap_err().is_contended());
+    assert!(kept.release().await.unwrap());
+    let g = second.try_acquire().await.unwrap();
+    assert!(g.release().await.unwrap());
+    assert!(held.release().await.unwrap());
+}
+
 /// `WAITAOF` on Valkey: a grant is confirmed once it is in the primary's
 /// append-only file and the replica's; with the replica frozen it is
 /// refused and taken back.

@@ -2,6 +2,7 @@
 //! sentinels, all real processes; failovers forced by `SENTINEL FAILOVER`
 //! and by freezing the primary.
 
+use crate::kinds::Take;
 use crate::support;
 use support::stores::redis_name;
 
@@ -86,20 +87,29 @@ async fn wait_refuses_a_grant_the_replica_did_not_get() {
         .unwrap();
     let l = Locker::new(st);
     set.replica.freeze();
-    let res = l.try_acquire(&key("unreplicated")).await;
+    // A lock's grant and a permit's alike.
+    let res = [
+        Take::Lock.one(&l, &key("unreplicated")).await,
+        Take::Permits(3).one(&l, &key("unreplicated")).await,
+    ];
     set.replica.thaw();
-    match res {
-        Err(Error::Unavailable { source, .. }) => {
-            assert!(
-                source.to_string().contains("replicas acknowledged"),
-                "{source}"
-            )
+    for res in res {
+        match res {
+            Err(Error::Unavailable { source, .. }) => {
+                assert!(
+                    source.to_string().contains("replicas acknowledged"),
+                    "{source}"
+                )
+            }
+            other => panic!("{other:?}"),
         }
-        other => panic!("{other:?}"),
     }
-    // The refused grant was taken back.
+    // The refused grants were taken back.
     assert!(
-        set.primary.keys().iter().all(|k| !k.ends_with(":lock")),
+        set.primary
+            .keys()
+            .iter()
+            .all(|k| !k.ends_with(":lock") && !k.ends_with(":permits")),
         "{:?}",
         set.primary.keys()
     );
@@ -237,12 +247,13 @@ async fn a_frozen_first_sentinel_does_not_keep_a_short_timeout_store_from_connec
     set.sentinels[0].thaw();
 }
 
-/// A grant the caller was told about, and when its acquire started (its
-/// lease runs from there at the latest).
+/// The grants of one key the caller was told about (its lock, or some of
+/// its permits), and when the first acquire started (their leases run from
+/// there at the latest).
 struct Acked {
     key: LockKey,
     started: std::time::Instant,
-    _guard: tower_redis_lock::LockGuard,
+    guards: Vec<tower_redis_lock::LockGuard>,
 }
 
 /// What a run of grants across a failover saw.
@@ -254,12 +265,14 @@ struct Across {
     followed_after: Option<Duration>,
 }
 
-/// Workers taking fresh keys through `l` (each every 10 ms, guards kept)
-/// while `failover` runs; then on until the store runs a grant on the new
-/// primary (at most 15 s), and 200 ms more.
+/// Workers taking fresh keys through `l` (`take` of each: its lock, or
+/// every permit of its semaphore; one key every 10 ms, guards kept) while
+/// `failover` runs; then on until the store runs a grant on the new
+/// primary (at most 15 s), and two more keys per worker.
 async fn grants_across_a_failover(
     set: &mut SentinelSet,
     l: &Locker<RedisStore>,
+    take: Take,
     failover: impl FnOnce(&mut SentinelSet) -> u16,
 ) -> Across {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -281,15 +294,14 @@ async fn grants_across_a_failover(
                     }
                     let key = key(&format!("w{w}-{n}"));
                     let started = std::time::Instant::now();
-                    match l.try_acquire(&key).await {
-                        Ok(guard) => acked.lock().unwrap().push(Acked {
+                    let (guards, errors) = take.all(&l, &key).await;
+                    refused.fetch_add(errors.len(), Ordering::Relaxed);
+                    if !guards.is_empty() {
+                        acked.lock().unwrap().push(Acked {
                             key,
                             started,
-                            _guard: guard,
-                        }),
-                        Err(_) => {
-                            refused.fetch_add(1, Ordering::Relaxed);
-                        }
+                            guards,
+                        });
                     }
                 }
             })
@@ -332,21 +344,19 @@ async fn grants_across_a_failover(
     }
 }
 
-/// The grants of `run` that a fresh store on the new primary grants again
-/// while their lease is still valid: a second holder each.
-async fn granted_again(set: &SentinelSet, run: &Across, lease: Duration) -> usize {
+/// The holders beyond a key's capacity (`take`'s) once a fresh store on
+/// the new primary has taken what it can of each key of `run` while the
+/// leases of `run` are valid: for a lock, a second holder each.
+async fn granted_again(set: &SentinelSet, run: &Across, lease: Duration, take: Take) -> usize {
     let other = Locker::builder(store(set)).lease(lease).build().unwrap();
-    let mut twice = 0;
+    let mut over = 0;
     for a in &run.acked {
-        let again = other.try_acquire(&a.key).await;
-        if let Ok(g) = again {
-            if a.started.elapsed() < lease {
-                twice += 1;
-            }
-            drop(g);
+        let (again, _) = take.all(&other, &a.key).await;
+        if a.started.elapsed() < lease {
+            over += (a.guards.len() + again.len()).saturating_sub(take.capacity());
         }
     }
-    twice
+    over
 }
 
 /// The lease of the failover runs: longer than a failover takes to be
@@ -364,11 +374,27 @@ fn waiting_store(set: &SentinelSet) -> RedisStore {
         .unwrap()
 }
 
+/// The replica falls behind (its link cut): the grants from here on reach
+/// the primary only; after 16 more scripts there the primary is killed
+/// (`SIGKILL`), and the Sentinels fail over on their own to the replica
+/// that missed them. Returns the new primary's port.
+fn kill_behind_replica(s: &mut SentinelSet) -> u16 {
+    s.cut_replica_off();
+    let calls = s.primary.command_calls("evalsha");
+    assert!(support::wait_until(Duration::from_secs(5), || {
+        s.primary.command_calls("evalsha") >= calls + 16
+    }));
+    let old = s.primary.port();
+    s.primary.stop();
+    s.replica.thaw();
+    s.wait_for_master_change(old)
+}
+
 fn report(what: &str, run: &Across, twice: usize) {
     eprintln!(
         "{what}: {} grants acknowledged, {} refused, {twice} granted again; \
          followed {:?} after the sentinels agreed",
-        run.acked.len(),
+        run.acked.iter().map(|a| a.guards.len()).sum::<usize>(),
         run.refused,
         run.followed_after
     );
@@ -382,8 +408,8 @@ fn report(what: &str, run: &Across, twice: usize) {
 async fn with_wait_a_sentinel_failover_in_the_middle_of_grants_gives_no_second_holder() {
     let mut set = SentinelSet::start();
     let l = failover_locker(waiting_store(&set));
-    let run = grants_across_a_failover(&mut set, &l, |s| s.failover()).await;
-    let twice = granted_again(&set, &run, FAILOVER_LEASE).await;
+    let run = grants_across_a_failover(&mut set, &l, Take::Lock, |s| s.failover()).await;
+    let twice = granted_again(&set, &run, FAILOVER_LEASE, Take::Lock).await;
     report("WAIT, SENTINEL FAILOVER", &run, twice);
     assert_eq!(twice, 0, "grants given to a second holder");
     assert!(run.followed_after.is_some(), "the store never followed");
@@ -396,21 +422,8 @@ async fn with_wait_a_sentinel_failover_in_the_middle_of_grants_gives_no_second_h
 async fn with_wait_a_killed_primary_in_the_middle_of_grants_gives_no_second_holder() {
     let mut set = SentinelSet::start();
     let l = failover_locker(waiting_store(&set));
-    let run = grants_across_a_failover(&mut set, &l, |s| {
-        // The replica falls behind: the grants from here on reach the
-        // primary only, and die with it.
-        s.cut_replica_off();
-        let calls = s.primary.command_calls("evalsha");
-        assert!(support::wait_until(Duration::from_secs(5), || {
-            s.primary.command_calls("evalsha") >= calls + 16
-        }));
-        let old = s.primary.port();
-        s.primary.stop();
-        s.replica.thaw();
-        s.wait_for_master_change(old)
-    })
-    .await;
-    let twice = granted_again(&set, &run, FAILOVER_LEASE).await;
+    let run = grants_across_a_failover(&mut set, &l, Take::Lock, kill_behind_replica).await;
+    let twice = granted_again(&set, &run, FAILOVER_LEASE, Take::Lock).await;
     report("WAIT, primary killed", &run, twice);
     assert_eq!(twice, 0, "grants given to a second holder");
     let followed = run.followed_after.expect("the store never followed");
@@ -423,6 +436,37 @@ async fn with_wait_a_killed_primary_in_the_middle_of_grants_gives_no_second_hold
     );
 }
 
+/// Permits the same way: eight tasks take both permits of fresh
+/// semaphores (of 2) while the replica falls behind and the primary is
+/// killed. With `WAIT`, every permit acknowledged to a caller is on the
+/// new primary: a fresh store there finds no key with more than 2 holders
+/// while their leases are valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_a_killed_primary_in_the_middle_of_permit_grants_admits_no_more_than_n() {
+    let mut set = SentinelSet::start();
+    let l = failover_locker(waiting_store(&set));
+    let take = Take::Permits(2);
+    let run = grants_across_a_failover(&mut set, &l, take, kill_behind_replica).await;
+    let over = granted_again(&set, &run, FAILOVER_LEASE, take).await;
+    report("WAIT, permits, primary killed", &run, over);
+    assert_eq!(over, 0, "permits beyond 2 per key");
+    assert!(run.refused > 0, "no grant was refused while cut off");
+}
+
+/// Without `WAIT`, the same run admits more than N: the permits granted
+/// while the replica was cut off are lost with the primary, and the new
+/// primary grants them again while the first holders still hold them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_wait_a_killed_primary_in_the_middle_of_permit_grants_admits_more_than_n() {
+    let mut set = SentinelSet::start();
+    let l = failover_locker(store(&set));
+    let take = Take::Permits(2);
+    let run = grants_across_a_failover(&mut set, &l, take, kill_behind_replica).await;
+    let over = granted_again(&set, &run, FAILOVER_LEASE, take).await;
+    report("no WAIT, permits, primary killed", &run, over);
+    assert!(over > 0, "no permit was lost in the failover");
+}
+
 /// Without `WAIT`, a `SENTINEL FAILOVER` while eight tasks take locks is
 /// followed within 2 s of the Sentinels' agreement (the store hears
 /// `+switch-master`; the old primary stays a primary for about 10 s more),
@@ -432,8 +476,8 @@ async fn with_wait_a_killed_primary_in_the_middle_of_grants_gives_no_second_hold
 async fn without_wait_a_sentinel_failover_in_the_middle_of_grants_is_followed_at_once() {
     let mut set = SentinelSet::start();
     let l = failover_locker(store(&set));
-    let run = grants_across_a_failover(&mut set, &l, |s| s.failover()).await;
-    let twice = granted_again(&set, &run, FAILOVER_LEASE).await;
+    let run = grants_across_a_failover(&mut set, &l, Take::Lock, |s| s.failover()).await;
+    let twice = granted_again(&set, &run, FAILOVER_LEASE, Take::Lock).await;
     report("no WAIT, SENTINEL FAILOVER", &run, twice);
     let followed = run.followed_after.expect("the store never followed");
     assert!(

@@ -44,7 +44,16 @@ pub struct DataNodes {
     root_certificates: Option<Vec<u8>>,
     #[cfg(feature = "tls-rustls")]
     client_certificate: Option<ClientCertificate>,
+    /// Addresses the store reaches instead of those the Sentinels name
+    /// (test support: `with_address_map`).
+    #[cfg(any(test, feature = "test-util"))]
+    address_map: AddressMap,
 }
+
+/// Each data node address the Sentinels name (host, port) and the address
+/// the store reaches it at instead.
+#[cfg(any(test, feature = "test-util"))]
+pub(super) type AddressMap = Vec<((String, u16), (String, u16))>;
 
 #[cfg(feature = "tls-rustls")]
 use super::tls::ClientCertificate;
@@ -81,6 +90,8 @@ pub(super) struct Resolved {
     pub(super) root_certificates: Option<Vec<u8>>,
     #[cfg(feature = "tls-rustls")]
     pub(super) client_certificate: Option<ClientCertificate>,
+    #[cfg(any(test, feature = "test-util"))]
+    pub(super) address_map: AddressMap,
 }
 
 impl DataNodes {
@@ -152,6 +163,21 @@ impl DataNodes {
         self
     }
 
+    /// Test support (feature `test-util`): reach the data node the
+    /// Sentinels name as `named` (host, port) at `reach` instead, over plain
+    /// TCP, so that a test can put a fault proxy between the store and the
+    /// primary while the Sentinels watch the servers directly (a broken
+    /// link is then the store's alone, not a failover). Only the store's
+    /// connections are mapped: the Sentinel client checks the primary it
+    /// is named (`ROLE`) at the address named, so this is no NAT mapping.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn with_address_map(mut self, named: (&str, u16), reach: (&str, u16)) -> Self {
+        self.address_map
+            .push(((named.0.to_owned(), named.1), (reach.0.to_owned(), reach.1)));
+        self
+    }
+
     /// The settings, each unset one taken from `sentinel` (the first
     /// Sentinel URL); checked.
     pub(super) fn resolve(self, sentinel: &redis::ConnectionInfo) -> Result<Resolved, ConfigError> {
@@ -200,6 +226,8 @@ impl DataNodes {
             root_certificates: self.root_certificates,
             #[cfg(feature = "tls-rustls")]
             client_certificate: self.client_certificate,
+            #[cfg(any(test, feature = "test-util"))]
+            address_map: self.address_map,
         })
     }
 }
@@ -214,6 +242,8 @@ impl fmt::Debug for DataNodes {
                 .field("password", &a.password.as_ref().map(|_| "<redacted>")),
         };
         d.field("tls", &self.tls).field("database", &self.database);
+        #[cfg(any(test, feature = "test-util"))]
+        d.field("address_map", &self.address_map);
         #[cfg(feature = "tls-rustls")]
         d.field("root_certificates", &self.root_certificates.is_some())
             .field("client_certificate", &self.client_certificate.is_some());

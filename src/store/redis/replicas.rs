@@ -1,6 +1,8 @@
 //! `WAIT` for replicas (or `WAITAOF` for the append-only file) after each
-//! grant: the settings, and the grant run on a connection of its own so
-//! that the wait blocks nobody else.
+//! grant, of every lease kind (a lock, a permit): the settings, and the
+//! grant run on a connection of its own so that the wait blocks nobody
+//! else. One grant not confirmed in time is taken back, owner-checked, by
+//! its kind's release.
 
 use std::time::Duration;
 
@@ -12,7 +14,7 @@ use super::{RedisStore, ms};
 use crate::error::ConfigError;
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
-use crate::store::LockStore;
+use crate::store::{LeaseKind, release_lease};
 use crate::sync::lock;
 use crate::token::OwnerToken;
 
@@ -70,6 +72,47 @@ pub(super) struct WaitReplicas {
 pub(super) struct Acks {
     local: i64,
     replicas: i64,
+}
+
+/// A grant to confirm: of which kind, of which key, to whom. Every grant
+/// script answers `{1, ..}` (granted) or `{3, ..}` (ours already, its
+/// lease reset) when it wrote a grant, anything else when it wrote none;
+/// only those two are waited for.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Grant<'a> {
+    pub(super) kind: LeaseKind,
+    pub(super) key: &'a LockKey,
+    pub(super) owner: &'a OwnerToken,
+}
+
+impl Grant<'_> {
+    /// A script of no declared key (so a Cluster node runs it without a
+    /// redirect) answering 1 where the grant is on the node it runs on,
+    /// owner-checked, else 0.
+    #[cfg(feature = "cluster")]
+    fn held_here(&self, store: &RedisStore) -> redis::Cmd {
+        let (script, name) = match self.kind {
+            LeaseKind::Lock => (
+                "return redis.call('GET', ARGV[1]) == ARGV[2] and 1 or 0",
+                super::keys::LOCK,
+            ),
+            LeaseKind::Permit => (
+                "return redis.call('ZSCORE', ARGV[1], ARGV[2]) and 1 or 0",
+                super::keys::PERMITS,
+            ),
+        };
+        let mut c = redis::cmd("EVAL");
+        c.arg(script)
+            .arg(0)
+            .arg(store.name(self.key, name))
+            .arg(self.owner.as_str());
+        c
+    }
+
+    /// Takes the grant back (its kind's owner-checked release).
+    async fn take_back(&self, store: &RedisStore) {
+        let _ = release_lease(store, self.kind, self.key, self.owner).await;
+    }
 }
 
 /// What to do when fewer replicas than asked acknowledge a grant in time.
@@ -150,42 +193,62 @@ impl WaitReplicas {
 }
 
 impl RedisStore {
-    /// A grant that waits for replicas: the acquire script and `WAIT` (see
-    /// [`grant_and_wait`](Self::grant_and_wait)), then, if it granted, the
-    /// check of how many replicas acknowledged it.
-    pub(super) async fn grant_on_replicas(
+    /// Runs a grant script (`call`, the grant of `grant.kind`): on the
+    /// shared connection, or, where grants wait for replicas, with its
+    /// `WAIT` (see [`grant_on_replicas`](Self::grant_on_replicas)). Every
+    /// lease kind's grant goes through here.
+    pub(super) async fn run_grant(
         &self,
         call: &ScriptCall,
-        key: &LockKey,
-        owner: &OwnerToken,
+        grant: Grant<'_>,
+    ) -> Result<(i64, redis::Value), Error> {
+        match self.inner.wait_replicas {
+            None => {
+                self.with_conn(Operation::Acquire, Some(grant.key), |mut c| async move {
+                    call.invoke(&mut c).await
+                })
+                .await
+            }
+            // Boxed: its futures would otherwise grow every grant's.
+            Some(w) => Box::pin(self.grant_on_replicas(call, grant, w)).await,
+        }
+    }
+
+    /// A grant that waits for replicas: the grant script and `WAIT` (see
+    /// [`grant_and_wait`](Self::grant_and_wait)), then, if it granted, the
+    /// check of how many replicas acknowledged it.
+    async fn grant_on_replicas(
+        &self,
+        call: &ScriptCall,
+        grant: Grant<'_>,
         w: WaitReplicas,
     ) -> Result<(i64, redis::Value), Error> {
-        let (kind, value, acked) = self.grant_and_wait(call, key, owner, w).await?;
+        let (kind, value, acked) = self.grant_and_wait(call, grant, w).await?;
         match acked {
             None => {}
-            Some(Ok(acked)) => self.check_replicas(key, owner, w, acked).await?,
+            Some(Ok(acked)) => self.check_replicas(grant, w, acked).await?,
             // Granted, but the wait failed: the grant is taken back, so
             // that it does not stand unconfirmed for a whole lease.
             Some(Err(e)) => {
-                let _ = self.release(key, owner).await;
-                return Err(wait_error(key, w, e));
+                grant.take_back(self).await;
+                return Err(wait_error(grant.key, w, e));
             }
         }
         Ok((kind, value))
     }
 
-    /// The acquire script, then (if it granted) `WAIT`, on a connection of
+    /// The grant script, then (if it granted) `WAIT`, on a connection of
     /// their own: `WAIT` blocks the connection it runs on, and it must run
     /// where the grant was written (it counts that client's writes). The
     /// connection is reused only after a clean answer.
-    pub(super) async fn grant_and_wait(
+    async fn grant_and_wait(
         &self,
         call: &ScriptCall,
-        key: &LockKey,
-        owner: &OwnerToken,
+        grant: Grant<'_>,
         w: WaitReplicas,
     ) -> Result<(i64, redis::Value, Option<Result<Acks, RedisError>>), Error> {
         let op = Operation::Acquire;
+        let key = grant.key;
         let bound = self.inner.timeout.saturating_add(w.timeout);
         let conns = &self.inner.wait_conns;
         let work = async {
@@ -208,7 +271,7 @@ impl RedisStore {
                 conns.put(conn);
                 return Ok((kind, value, None));
             }
-            let acked = match self.wait_where_granted(&mut conn, w, key, owner).await {
+            let acked = match self.wait_where_granted(&mut conn, w, grant).await {
                 Ok(answer) => w.acks(answer),
                 Err(e) => Err(e),
             };
@@ -246,39 +309,35 @@ impl RedisStore {
     }
 
     /// `WAIT` (or `WAITAOF`) where the grant was written: on a Cluster,
-    /// the primary of the lock's slot, over the same node connection (the
-    /// command counts that connection's writes). There the lock must be
-    /// ours first: while the slot migrates, a free lock is granted on the
-    /// node importing it (after `ASK`), and a `WAIT` on the slot's owner
-    /// would count writes that connection never made there and pass at
-    /// once. Such a grant is not confirmed (the caller takes it back).
+    /// the primary of the key's slot, over the same node connection (the
+    /// command counts that connection's writes). There the grant must be
+    /// ours first: while the slot migrates, a free lock or permit is
+    /// granted on the node importing it (after `ASK`), and a `WAIT` on the
+    /// slot's owner would count writes that connection never made there
+    /// and pass at once. Such a grant is not confirmed (the caller takes
+    /// it back).
     async fn wait_where_granted(
         &self,
         conn: &mut Conn,
         w: WaitReplicas,
-        key: &LockKey,
-        owner: &OwnerToken,
+        grant: Grant<'_>,
     ) -> redis::RedisResult<redis::Value> {
         #[cfg(not(feature = "cluster"))]
-        let _ = (key, owner);
+        let _ = grant;
         match conn {
             Conn::Single(c) => w.command().query_async(c).await,
             #[cfg(feature = "cluster")]
             Conn::Cluster(c) => {
                 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-                // Every name of the lock shares its hash tag, and so its slot.
-                let lock_name = self.name(key, super::keys::LOCK);
-                let slot = Route::with_key(self.fence_key(key), SlotAddr::Master);
+                // Every name of a key shares its hash tag, and so its slot.
+                let slot = Route::with_key(self.fence_key(grant.key), SlotAddr::Master);
                 let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(slot));
-                // Read on that node itself: no key declared, so no
-                // redirect (a name that is elsewhere reads as absent).
-                let mut here = redis::cmd("EVAL");
-                here.arg("return redis.call('GET', ARGV[1])")
-                    .arg(0)
-                    .arg(lock_name);
-                let holder: Option<String> =
-                    redis::from_redis_value(c.route_command(here, to.clone()).await?)?;
-                if holder.as_deref() != Some(owner.as_str()) {
+                // Read on that node itself (a name that is elsewhere reads
+                // as absent, or fails).
+                let here: i64 = redis::from_redis_value(
+                    c.route_command(grant.held_here(self), to.clone()).await?,
+                )?;
+                if here != 1 {
                     return Err(RedisError::from((
                         redis::ErrorKind::Client,
                         "the grant is not on its slot's primary (the slot is migrating): \
@@ -292,13 +351,13 @@ impl RedisStore {
 
     /// On too few acknowledgements with [`ReplicaShortfall::Fail`],
     /// releases the grant and fails.
-    pub(super) async fn check_replicas(
+    async fn check_replicas(
         &self,
-        key: &LockKey,
-        owner: &OwnerToken,
+        grant: Grant<'_>,
         w: WaitReplicas,
         acked: Acks,
     ) -> Result<(), Error> {
+        let key = grant.key;
         if w.enough(acked) {
             return Ok(());
         }
@@ -317,11 +376,11 @@ impl RedisStore {
         };
         match w.on_shortfall {
             ReplicaShortfall::Proceed => {
-                tracing::warn!(key = %key, %what, "grant not yet confirmed; proceeding");
+                tracing::warn!(key = %key, kind = ?grant.kind, %what, "grant not yet confirmed; proceeding");
                 Ok(())
             }
             ReplicaShortfall::Fail => {
-                let _ = self.release(key, owner).await;
+                grant.take_back(self).await;
                 Err(Error::Unavailable {
                     op: Operation::Acquire,
                     key: Some(key.clone()),

@@ -18,11 +18,12 @@ use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
 use super::keys::{
     FENCE, HOLDER, LOCK, Name, PERMITS, PERMITS_WAITED, RECORD, RECORD_WRITER, RELEASED, WAITED,
 };
+use super::replicas::Grant;
 use super::{RedisStore, ms};
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
 use crate::store::holder::HolderLabel;
-use crate::store::{AcquireOutcome, LockStore};
+use crate::store::{AcquireOutcome, LeaseKind, LockStore};
 use crate::token::{FencingToken, OwnerToken};
 
 pub(super) const ACQUIRE_SRC: &str = include_str!("scripts/acquire.lua");
@@ -333,16 +334,12 @@ impl RedisStore {
         };
         for _ in 0..3 {
             let call = ScriptCall::new(&ACQUIRE, lock, &args[..len]);
-            let answer: (i64, redis::Value) = match self.inner.wait_replicas {
-                None => {
-                    self.with_conn(Operation::Acquire, Some(key), |mut c| async move {
-                        call.invoke(&mut c).await
-                    })
-                    .await?
-                }
-                // Boxed: its futures would otherwise grow every grant's.
-                Some(w) => Box::pin(self.grant_on_replicas(&call, key, owner, w)).await?,
+            let grant = Grant {
+                kind: LeaseKind::Lock,
+                key,
+                owner,
             };
+            let answer = self.run_grant(&call, grant).await?;
             if answer.0 != 4 {
                 return Ok(answer);
             }
@@ -385,11 +382,12 @@ impl RedisStore {
             args[5] = Argv::Int(self.inner.fence_retention_ms);
         }
         let call = ScriptCall::new(&ACQUIRE_PERMIT, &[self.name(key, PERMITS)], &args);
-        let (kind, value): (i64, redis::Value) = self
-            .with_conn(Operation::Acquire, Some(key), |mut c| async move {
-                call.invoke(&mut c).await
-            })
-            .await?;
+        let grant = Grant {
+            kind: LeaseKind::Permit,
+            key,
+            owner,
+        };
+        let (kind, value) = self.run_grant(&call, grant).await?;
         let unexpected = || Error::Unavailable {
             op: Operation::Acquire,
             key: Some(key.clone()),

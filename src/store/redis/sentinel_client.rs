@@ -37,6 +37,9 @@ pub(super) struct Sentinels {
     infos: Vec<redis::ConnectionInfo>,
     master: String,
     watching: AtomicBool,
+    /// See `DataNodes::with_address_map`.
+    #[cfg(any(test, feature = "test-util"))]
+    address_map: super::data_nodes::AddressMap,
 }
 
 impl Sentinels {
@@ -54,7 +57,7 @@ impl Sentinels {
         let mut best: Option<redis::RedisError> = None;
         while let Some(lookup) = lookups.next().await {
             match lookup {
-                Ok(client) => return Ok(client),
+                Ok(client) => return self.mapped(client),
                 Err(e) => {
                     if best.as_ref().is_none_or(|b| rank(&e) > rank(b)) {
                         best = Some(e);
@@ -66,6 +69,27 @@ impl Sentinels {
         Err(best.unwrap_or_else(|| {
             redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no Sentinel"))
         }))
+    }
+}
+
+impl Sentinels {
+    /// `client`, or one for the address it is mapped to (see
+    /// `DataNodes::with_address_map`).
+    fn mapped(&self, client: redis::Client) -> RedisResult<redis::Client> {
+        #[cfg(any(test, feature = "test-util"))]
+        if let redis::ConnectionAddr::Tcp(host, port) = client.get_connection_info().addr() {
+            let to = self
+                .address_map
+                .iter()
+                .find(|((h, p), _)| h == host && p == port);
+            if let Some((_, (host, port))) = to {
+                let info = client.get_connection_info().clone();
+                return redis::Client::open(
+                    info.set_addr(redis::ConnectionAddr::Tcp(host.clone(), *port)),
+                );
+            }
+        }
+        Ok(client)
     }
 }
 
@@ -107,6 +131,8 @@ impl Sentinels {
             ));
         }
         let nodes = nodes.resolve(first)?;
+        #[cfg(any(test, feature = "test-util"))]
+        let address_map = nodes.address_map.clone();
 
         let clients = infos
             .iter()
@@ -121,6 +147,8 @@ impl Sentinels {
             infos,
             master: master.to_owned(),
             watching: AtomicBool::new(false),
+            #[cfg(any(test, feature = "test-util"))]
+            address_map,
         }))
     }
 }

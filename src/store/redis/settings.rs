@@ -340,6 +340,9 @@ impl RedisStoreBuilder {
     /// `timeout` passes; on a shortfall, [`ReplicaShortfall::Fail`] releases
     /// and fails the acquire. Shrinks (does not close) the window in which a
     /// failover to a replica that missed the grant lets a second holder in.
+    /// Every grant waits: a lock's, and a semaphore's permit (a permit not
+    /// confirmed is removed, owner-checked, and the acquire fails, so a
+    /// failover does not let more than the semaphore's `n` in).
     /// `WAIT` runs on a connection of its own (kept for reuse), so the
     /// other commands of the store, renewals included, never queue behind
     /// it. On a cluster store, the grant and its `WAIT` go over a cluster
@@ -360,9 +363,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// After each grant, `WAITAOF` until the grant is in the primary's own
-    /// append-only file (`local`) and in that of `replicas` replicas, or
-    /// `timeout` passes; on a shortfall, as
+    /// After each grant (a lock's or a permit's), `WAITAOF` until the
+    /// grant is in the primary's own append-only file (`local`) and in that
+    /// of `replicas` replicas, or `timeout` passes; on a shortfall, as
     /// [`wait_replicas`](Self::wait_replicas). Where `wait_replicas` only
     /// knows that replicas received the grant, this knows that it is on
     /// disk: a grant also survives a restart of the primary (`local`) or
