@@ -22,6 +22,8 @@
 //! | `wait.rs` | the wait loop and one try at the store |
 //! | `resume.rs` | [`Locker::resume`]: an exported lease held again, once the store confirms it |
 //! | `semaphore.rs` | [`Semaphore`]: a key's permits, taken through the wait loop |
+//! | `multi.rs` | [`Locker::acquire_all`]: several keys, all or nothing, and its wait loop |
+//! | `multi_guard.rs` | [`MultiGuard`]: the keys held as one (renewed, lost and released together) |
 
 mod builder;
 mod exported;
@@ -30,6 +32,8 @@ mod health;
 mod hold;
 mod lease;
 mod locker;
+mod multi;
+mod multi_guard;
 mod operator;
 mod options;
 mod pending;
@@ -46,6 +50,7 @@ pub use builder::LockerBuilder;
 pub use exported::ExportedLease;
 pub use guard::LockGuard;
 pub use locker::{Acquired, Locker, Status};
+pub use multi_guard::MultiGuard;
 pub use semaphore::Semaphore;
 #[cfg_attr(not(feature = "axum"), allow(unused_imports))]
 pub(crate) use semaphore::check_permits;

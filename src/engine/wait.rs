@@ -217,7 +217,7 @@ impl<S: LockStore> Locker<S> {
 
     /// The key's release notifications, or a watch that never fires (then
     /// waiters poll).
-    async fn subscribe(&self, key: &LockKey) -> ReleaseWatch {
+    pub(super) async fn subscribe(&self, key: &LockKey) -> ReleaseWatch {
         match self.inner.store.subscribe(key).await {
             Ok(w) => w,
             Err(e) => {
@@ -323,7 +323,7 @@ impl<S: LockStore> Locker<S> {
     }
 
     /// The error for a lock that stayed held.
-    fn contended(
+    pub(super) fn contended(
         &self,
         key: &LockKey,
         wait: Duration,

@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::holder::{ForcedRelease, HolderInfo, HolderLabel, HolderPage, ListCursor};
-use super::{AcquireOutcome, LockStore, ReleaseWatch, Renewal};
+use super::{AcquireAllOutcome, AcquireOutcome, LockStore, ReleaseWatch, Renewal};
 use crate::error::Error;
 use crate::key::LockKey;
 use crate::token::OwnerToken;
@@ -251,6 +251,19 @@ impl LockStore for BoxStore {
         self.inner.force_release_boxed(key).await
     }
 
+    async fn acquire_all(
+        &self,
+        keys: &[LockKey],
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireAllOutcome, Error> {
+        self.inner.acquire_all_boxed(keys, owner, lease).await
+    }
+
+    async fn release_all(&self, keys: &[LockKey], owner: &OwnerToken) -> Result<Vec<bool>, Error> {
+        self.inner.release_all_boxed(keys, owner).await
+    }
+
     fn instance_id(&self) -> usize {
         self.inner.instance_id_boxed()
     }
@@ -364,6 +377,19 @@ trait DynLockStore: Send + Sync + 'static {
         &'a self,
         key: &'a LockKey,
     ) -> BoxFuture<'a, Result<ForcedRelease, Error>>;
+
+    fn acquire_all_boxed<'a>(
+        &'a self,
+        keys: &'a [LockKey],
+        owner: &'a OwnerToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<AcquireAllOutcome, Error>>;
+
+    fn release_all_boxed<'a>(
+        &'a self,
+        keys: &'a [LockKey],
+        owner: &'a OwnerToken,
+    ) -> BoxFuture<'a, Result<Vec<bool>, Error>>;
 
     fn instance_id_boxed(&self) -> usize;
 }
@@ -506,6 +532,23 @@ impl<S: LockStore> DynLockStore for S {
         key: &'a LockKey,
     ) -> BoxFuture<'a, Result<ForcedRelease, Error>> {
         Box::pin(LockStore::force_release(self, key))
+    }
+
+    fn acquire_all_boxed<'a>(
+        &'a self,
+        keys: &'a [LockKey],
+        owner: &'a OwnerToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<AcquireAllOutcome, Error>> {
+        Box::pin(LockStore::acquire_all(self, keys, owner, lease))
+    }
+
+    fn release_all_boxed<'a>(
+        &'a self,
+        keys: &'a [LockKey],
+        owner: &'a OwnerToken,
+    ) -> BoxFuture<'a, Result<Vec<bool>, Error>> {
+        Box::pin(LockStore::release_all(self, keys, owner))
     }
 
     fn instance_id_boxed(&self) -> usize {

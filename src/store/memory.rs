@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::holder::{ForcedRelease, HolderId, HolderInfo, HolderLabel, HolderPage, ListCursor};
-use super::{AcquireOutcome, LockStore, ReleaseWatch};
+use super::{AcquireAllOutcome, AcquireOutcome, LockStore, ReleaseWatch};
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
 use crate::time::far_add;
@@ -631,6 +631,25 @@ impl LockStore for MemoryStore {
             .release(key, owner, now))
     }
 
+    async fn acquire_all(
+        &self,
+        keys: &[LockKey],
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireAllOutcome, Error> {
+        let now = Instant::now();
+        Ok(self
+            .lock_for(Operation::Acquire, keys.first())?
+            .acquire_all(keys, owner, lease, now))
+    }
+
+    async fn release_all(&self, keys: &[LockKey], owner: &OwnerToken) -> Result<Vec<bool>, Error> {
+        let now = Instant::now();
+        Ok(self
+            .lock_for(Operation::Release, keys.first())?
+            .release_all(keys, owner, now))
+    }
+
     async fn acquire_permit(
         &self,
         key: &LockKey,
@@ -708,6 +727,7 @@ impl Drop for Unwatch {
     }
 }
 
+mod multi;
 #[cfg(test)]
 mod semaphore_model;
 /// `bytes` as lowercase hex (a list cursor).

@@ -22,6 +22,7 @@
 //! | [`force_release`](LockStore::force_release) | an operator's release, whoever holds it, raising the fence |
 //! | [`acquire_permit`](LockStore::acquire_permit) | grant one of `permits` permits of a key's semaphore (expired permits freed first) and mint its fencing token in the same step; else report when the soonest permit ends |
 //! | [`extend_permit`](LockStore::extend_permit), [`release_permit`](LockStore::release_permit) | as `extend` and `release`, for one permit |
+//! | [`acquire_all`](LockStore::acquire_all), [`release_all`](LockStore::release_all) | every key of a list or none (one atomic step where the store can; by default the keys in order, rolled back on the first held), and their release |
 //!
 //! A lease is of a [`LeaseKind`]: the lock of a key, or one permit of its
 //! semaphore. The kinds of one key are apart (a permit of `orders:42` and
@@ -46,10 +47,12 @@ use crate::token::{FencingToken, OwnerToken};
 mod boxed;
 pub(crate) mod holder;
 pub(crate) mod memory;
+pub(crate) mod multi;
 pub(crate) mod redis;
 pub(crate) mod redlock;
 
 pub use boxed::BoxStore;
+pub use multi::AcquireAllOutcome;
 
 use crate::error::Operation;
 use holder::{ForcedRelease, HolderInfo, HolderLabel, HolderPage, ListCursor};
@@ -296,6 +299,43 @@ pub trait LockStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, Error>> + Send {
         let _ = (key, owner);
         async { Err(permits_unsupported()) }
+    }
+
+    /// Grants every key of `keys` to `owner` for `lease`, each minting its
+    /// fencing token from its own counter as [`acquire`](LockStore::acquire)
+    /// does, or none of them: [`AcquireAllOutcome::Held`] names a key found
+    /// held, and then no key of the list is left held by `owner`. A key
+    /// found held is marked as waited-for, as `acquire` marks it, so that
+    /// its release fires [`subscribe`](LockStore::subscribe)'s watch.
+    ///
+    /// The engine ([`Locker::acquire_all`](crate::Locker::acquire_all))
+    /// sends 1 to 64 keys, distinct and sorted (its fixed global order).
+    /// The default takes them one by one in the order given with
+    /// `acquire`, and on the first one held releases the ones taken, the
+    /// last first: callers that all ask in one order never deadlock, but
+    /// the keys taken on the way are held for a moment. Stores that keep
+    /// the keys in one place override it with one atomic step (the memory
+    /// store; a Redis primary, Sentinel, and a Cluster when the keys share
+    /// a slot: one script).
+    fn acquire_all(
+        &self,
+        keys: &[LockKey],
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<AcquireAllOutcome, Error>> + Send {
+        multi::acquire_in_order(self, keys, owner, lease)
+    }
+
+    /// Releases every key of `keys` that `owner` holds, waking their
+    /// waiters: one answer per key, whether it was still ours. The default
+    /// releases them one after another with [`release`](LockStore::release)
+    /// (the first error is answered once all were tried).
+    fn release_all(
+        &self,
+        keys: &[LockKey],
+        owner: &OwnerToken,
+    ) -> impl Future<Output = Result<Vec<bool>, Error>> + Send {
+        multi::release_each(self, keys, owner)
     }
 
     /// [`acquire`](LockStore::acquire), or with `replay`

@@ -8,6 +8,7 @@
 //! | `sentinel_client.rs` | the client that asks every Sentinel for the primary |
 //! | `data_nodes.rs` | `DataNodes`: how a Sentinel store reaches the primary and replicas |
 //! | `scripts.rs`, `scripts/*.lua` | the Lua scripts and the calls that run them |
+//! | `multi.rs` | several locks at once: one script on one node or slot, else one by one |
 //! | `keys.rs` | Redis names of a lock (hash tag, fencing bucket) |
 //! | `source.rs` | where connections come from (`Source`), the connection (`Conn`), a cluster's node timeouts |
 //! | `connection.rs` | the shared connection, opened from the source, and call timeouts |
@@ -21,7 +22,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::holder::{HolderInfo, HolderLabel, HolderPage, ListCursor};
-use super::{AcquireOutcome, ForcedRelease, LeaseKind, LockStore, ReleaseWatch, Renewal};
+use super::{
+    AcquireAllOutcome, AcquireOutcome, ForcedRelease, LeaseKind, LockStore, ReleaseWatch, Renewal,
+};
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
 use crate::token::OwnerToken;
@@ -33,6 +36,7 @@ mod connection;
 mod data_nodes;
 mod eviction;
 mod keys;
+mod multi;
 mod notifier;
 mod operator;
 mod replicas;
@@ -438,6 +442,19 @@ impl LockStore for RedisStore {
 
     async fn release_permit(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
         self.release_permit_script(key, owner).await
+    }
+
+    async fn acquire_all(
+        &self,
+        keys: &[LockKey],
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireAllOutcome, Error> {
+        self.acquire_all_keys(keys, owner, lease).await
+    }
+
+    async fn release_all(&self, keys: &[LockKey], owner: &OwnerToken) -> Result<Vec<bool>, Error> {
+        self.release_all_keys(keys, owner).await
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {

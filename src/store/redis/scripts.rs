@@ -57,7 +57,8 @@ pub(super) static FORCE_RELEASE: LazyLock<Script> =
 /// The source of one of the scripts above (for loading it where a call
 /// goes; redis-rs keeps a `Script`'s code to itself).
 pub(super) fn source_of(script: &Script) -> &'static str {
-    let scripts: [(&Script, &'static str); 12] = [
+    use super::multi::{ACQUIRE_ALL, ACQUIRE_ALL_SRC, RELEASE_ALL, RELEASE_ALL_SRC};
+    let scripts: [(&Script, &'static str); 14] = [
         (&ACQUIRE, ACQUIRE_SRC),
         (&EXTEND, EXTEND_SRC),
         (&TRANSFER, TRANSFER_SRC),
@@ -70,6 +71,8 @@ pub(super) fn source_of(script: &Script) -> &'static str {
         (&RELEASE_PERMIT, RELEASE_PERMIT_SRC),
         (&INSPECT, INSPECT_SRC),
         (&FORCE_RELEASE, FORCE_RELEASE_SRC),
+        (&ACQUIRE_ALL, ACQUIRE_ALL_SRC),
+        (&RELEASE_ALL, RELEASE_ALL_SRC),
     ];
     scripts
         .into_iter()

@@ -1,0 +1,184 @@
+//! Several locks at once on Redis: one script (acquire_all.lua,
+//! release_all.lua) where the locks are in one place (one primary,
+//! Sentinel's primary, one Cluster slot), the one-by-one path of
+//! `store/multi.rs` otherwise.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::Script;
+
+use super::keys::{FENCE, HOLDER, LOCK, Name, WAITED};
+use super::scripts::{Argv, ScriptCall};
+use super::{RedisStore, ms};
+use crate::error::{Error, Operation};
+use crate::key::LockKey;
+use crate::store::AcquireAllOutcome;
+use crate::store::multi::{acquire_in_order, release_each};
+use crate::token::{FencingToken, OwnerToken, Unfenced};
+
+pub(super) const ACQUIRE_ALL_SRC: &str = include_str!("scripts/acquire_all.lua");
+pub(super) const RELEASE_ALL_SRC: &str = include_str!("scripts/release_all.lua");
+pub(super) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_ALL_SRC));
+pub(super) static RELEASE_ALL: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_ALL_SRC));
+
+impl RedisStore {
+    /// Whether one script can take `keys`: they are on one node and the
+    /// grant is not followed by a `WAIT` for replicas (which the
+    /// one-by-one path does per key, through `acquire`).
+    fn one_script_for(&self, keys: &[LockKey]) -> bool {
+        if self.inner.wait_replicas.is_some() {
+            return false;
+        }
+        !self.inner.source.is_cluster() || self.same_slot(keys)
+    }
+
+    /// Whether every lock of `keys` hashes to one Cluster slot.
+    #[cfg(feature = "cluster")]
+    fn same_slot(&self, keys: &[LockKey]) -> bool {
+        use redis::cluster_routing::Slot;
+        let slot = |k: &LockKey| Slot::for_key(self.name(k, LOCK).to_string());
+        let Some(first) = keys.first().map(slot) else {
+            return true;
+        };
+        keys.iter().skip(1).all(|k| slot(k) == first)
+    }
+
+    #[cfg(not(feature = "cluster"))]
+    fn same_slot(&self, _keys: &[LockKey]) -> bool {
+        true
+    }
+
+    /// `LockStore::acquire_all`: one script where it can, else the keys
+    /// one by one in the order given, rolled back on the first held.
+    pub(super) async fn acquire_all_keys(
+        &self,
+        keys: &[LockKey],
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireAllOutcome, Error> {
+        if self.one_script_for(keys)
+            && let Some(outcome) = self.acquire_all_script(keys, owner, lease).await?
+        {
+            return Ok(outcome);
+        }
+        acquire_in_order(self, keys, owner, lease).await
+    }
+
+    /// The acquire_all.lua call; `None` when the slot migrates (the
+    /// script took nothing).
+    async fn acquire_all_script(
+        &self,
+        keys: &[LockKey],
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<Option<AcquireAllOutcome>, Error> {
+        let fencing = self.inner.fencing;
+        let locks: Vec<Name<'_>> = keys.iter().map(|k| self.name(k, LOCK)).collect();
+        let mut args = Vec::with_capacity(5 + 3 * keys.len());
+        args.extend([
+            Argv::Str(owner.as_str()),
+            Argv::Int(ms(lease)),
+            Argv::Str(if self.inner.source.is_cluster() {
+                "1"
+            } else {
+                ""
+            }),
+            if fencing {
+                Argv::Int(self.inner.fence_retention_ms)
+            } else {
+                Argv::Str("")
+            },
+            Argv::Str(""),
+        ]);
+        for k in keys {
+            args.push(Argv::Name(self.name(k, WAITED)));
+            if fencing {
+                args.push(Argv::Name(self.name(k, FENCE)));
+                args.push(Argv::Name(self.name(k, HOLDER)));
+            } else {
+                args.extend([Argv::Str(""), Argv::Str("")]);
+            }
+        }
+        let call = ScriptCall::new(&ACQUIRE_ALL, &locks, &args);
+        let answer: Vec<redis::Value> = self
+            .with_conn(Operation::Acquire, keys.first(), |mut c| async move {
+                call.invoke(&mut c).await
+            })
+            .await?;
+        let unexpected = || Error::Unavailable {
+            op: Operation::Acquire,
+            key: keys.first().cloned(),
+            source: "unexpected reply from the acquire_all script".into(),
+        };
+        let int = |v: &redis::Value| match v {
+            redis::Value::Int(n) => Some(*n),
+            _ => None,
+        };
+        match answer.first().and_then(int) {
+            Some(4) => Ok(None),
+            Some(0) => {
+                let index = answer.get(1).and_then(int).ok_or_else(unexpected)?;
+                let pttl = answer.get(2).and_then(int).ok_or_else(unexpected)?;
+                let index = usize::try_from(index - 1).map_err(|_| unexpected())?;
+                Ok(Some(AcquireAllOutcome::Held {
+                    index,
+                    remaining: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
+                }))
+            }
+            Some(1) if answer.len() == keys.len() + 1 => {
+                let tokens = answer[1..]
+                    .iter()
+                    .map(|v| match v {
+                        _ if !fencing => Ok(Err(Unfenced)),
+                        redis::Value::BulkString(digits) => std::str::from_utf8(digits)
+                            .ok()
+                            .and_then(|d| d.parse().ok())
+                            .map(|t| Ok(FencingToken::new(t)))
+                            .ok_or_else(unexpected),
+                        _ => Err(unexpected()),
+                    })
+                    .collect::<Result<_, _>>()?;
+                Ok(Some(AcquireAllOutcome::Granted(tokens)))
+            }
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// `LockStore::release_all`: one script where the locks are in one
+    /// place, else each released on its own.
+    pub(super) async fn release_all_keys(
+        &self,
+        keys: &[LockKey],
+        owner: &OwnerToken,
+    ) -> Result<Vec<bool>, Error> {
+        if self.inner.source.is_cluster() && !self.same_slot(keys) {
+            return release_each(self, keys, owner).await;
+        }
+        let locks: Vec<Name<'_>> = keys.iter().map(|k| self.name(k, LOCK)).collect();
+        let mut args = Vec::with_capacity(2 + 2 * keys.len());
+        args.extend([Argv::Str(owner.as_str()), Argv::Str(self.publish_command())]);
+        for k in keys {
+            args.push(Argv::Name(self.name(k, WAITED)));
+            args.push(if self.inner.fencing {
+                Argv::Name(self.name(k, HOLDER))
+            } else {
+                Argv::Str("")
+            });
+        }
+        let call = ScriptCall::new(&RELEASE_ALL, &locks, &args);
+        let answer: Vec<i64> = self
+            .with_conn(Operation::Release, keys.first(), |mut c| async move {
+                call.invoke(&mut c).await
+            })
+            .await?;
+        if answer.len() != keys.len() {
+            return Err(Error::Unavailable {
+                op: Operation::Release,
+                key: keys.first().cloned(),
+                source: "unexpected reply from the release_all script".into(),
+            });
+        }
+        Ok(answer.into_iter().map(|n| n == 1).collect())
+    }
+}
