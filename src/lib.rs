@@ -38,6 +38,7 @@ pub use layer::{
     idempotency::{Fingerprint, Idempotency, Record},
     key::KeyFrom,
     layer::{LockLayer, LockLayerBuilder},
+    multi::layer::{MultiLockLayer, MultiLockLayerBuilder},
     problem::{Problem, ProblemKind},
 };
 pub use store::BoxStore;

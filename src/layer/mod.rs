@@ -48,6 +48,7 @@ pub(crate) mod idempotency;
 pub(crate) mod key;
 #[allow(clippy::module_inception)]
 pub(crate) mod layer;
+pub(crate) mod multi;
 pub(crate) mod problem;
 mod replay;
 mod service;
@@ -56,5 +57,6 @@ pub use body::ResponseBody;
 pub use config::FENCING_TOKEN;
 pub use future::ResponseFuture;
 pub use idempotency::{IDEMPOTENT_REPLAYED, MAX_RETENTION};
+pub use multi::service::MultiLock;
 pub use problem::PROBLEM_JSON;
 pub use service::Lock;

@@ -631,7 +631,11 @@ where
 
 /// Reads a body key's or fingerprint's body: `Content-Length` first, then a
 /// limited read.
-async fn read_body<B>(parts: &http::request::Parts, body: B, limit: usize) -> Result<Bytes, Problem>
+pub(super) async fn read_body<B>(
+    parts: &http::request::Parts,
+    body: B,
+    limit: usize,
+) -> Result<Bytes, Problem>
 where
     B: http_body::Body,
     B::Error: Into<BoxError>,

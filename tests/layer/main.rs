@@ -14,3 +14,4 @@ mod layer;
 mod layer_nested;
 mod layer_safety;
 mod layer_stores;
+mod multi;
