@@ -20,6 +20,8 @@ mod checks;
 mod faults;
 #[path = "history/monitor.rs"]
 mod monitor;
+#[path = "history/multi_worker.rs"]
+mod multi_worker;
 #[path = "history/worker.rs"]
 mod worker;
 
@@ -31,7 +33,7 @@ use support::{RedisServer, Reply};
 
 use checks::{
     attempt_overlaps, build_history, check_at_most, check_claims, check_exclusion, check_lost,
-    check_progress, check_resource, check_tokens, keys,
+    check_multi, check_progress, check_resource, check_tokens, keys,
 };
 use faults::{Fault, FaultCounts, Links, Plan, Workers, inject_faults};
 use monitor::{MONITOR_END, monitor};
@@ -120,6 +122,9 @@ struct Run {
     /// 0: the workers take locks; n: permits of n-permit semaphores, checked
     /// for at most n holders (and writing nothing).
     permits: u32,
+    /// Half the grants two keys at once (`Locker::acquire_all`), checked
+    /// by `check_multi` beside every check of the lock.
+    multi: bool,
 }
 
 impl Run {
@@ -132,6 +137,15 @@ impl Run {
             proxied: Proxies::None,
             min_progress: (MIN_GRANTS_PER_KEY, MIN_APPLIED_WRITES_PER_KEY),
             permits: 0,
+            multi: false,
+        }
+    }
+
+    /// The same faults, half the grants two keys at once.
+    fn multi() -> Run {
+        Run {
+            multi: true,
+            ..Run::processes()
         }
     }
 
@@ -191,6 +205,7 @@ fn run_history_on(
         resource_url: resource.url(),
         deadline_ns: mono_ns() + run.workload.as_nanos() as u64,
         permits: run.permits,
+        multi: run.multi,
         next_id: 1,
         running: Vec::new(),
         finished: Vec::new(),
@@ -257,6 +272,7 @@ fn run_history_on(
     if run.permits == 0 {
         check_exclusion(&h, &mut violations);
         check_claims(&h, &mut violations);
+        check_multi(&h, &mut violations);
     } else {
         check_at_most(&h, run.permits as usize, &mut violations);
     }
@@ -434,6 +450,7 @@ fn history_semaphore_nemesis() {
         proxied: Proxies::PerWorker,
         min_progress: ((workload.as_secs_f64() * 0.6) as usize, 0),
         permits: 2,
+        multi: false,
     };
     run_history(
         "history_semaphore_nemesis",
@@ -441,6 +458,28 @@ fn history_semaphore_nemesis() {
         std::slice::from_ref(&lock),
         &run,
     );
+}
+
+/// Multi-key locks on one Redis primary (one script per grant), under the
+/// faults of `history_single_redis`: half the grants take two keys at
+/// once, the others one key's lock. Every check of the lock runs on each
+/// key, and `multi`: a multi-key holder never overlaps any holder of any
+/// of its keys.
+#[test]
+fn history_multi_single_redis() {
+    let seed = seed();
+    let lock = RedisServer::start();
+    let lock = std::slice::from_ref(&lock);
+    run_history("history_multi_single_redis", seed, lock, &Run::multi());
+}
+
+/// Multi-key locks over Redlock (3 primaries, one frozen at a time): the
+/// keys taken one by one in the fixed order, rolled back when one is held.
+#[test]
+fn history_multi_redlock() {
+    let seed = seed();
+    let nodes = start_independent(3);
+    run_history("history_multi_redlock", seed, &nodes, &Run::multi());
 }
 
 /// Redlock over 3 independent primaries, one frozen at a time; 4 workers.
@@ -489,6 +528,7 @@ fn history_nemesis() {
         proxied: Proxies::PerWorker,
         min_progress: ((per_second * 0.6) as usize, (per_second * 0.3) as usize),
         permits: 0,
+        multi: false,
     };
     let stores: Vec<&str> = match store.as_deref() {
         Some(s) => vec![s],
@@ -581,6 +621,7 @@ fn history_nemesis_cluster() {
         plan: Plan::nemesis(&kinds),
         proxied: Proxies::Shared,
         permits: 0,
+        multi: false,
         // Half of what is asked of one primary: a fault here cuts a node
         // off from every worker at once (3-14 grants per key in 5 s).
         min_progress: ((per_second * 0.4) as usize, (per_second * 0.2) as usize),
@@ -637,6 +678,7 @@ fn history_nemesis_sentinel() {
         plan: Plan::nemesis(&nemesis_kinds()),
         proxied: Proxies::PerWorker,
         permits: 0,
+        multi: false,
         min_progress: ((per_second * 0.6) as usize, (per_second * 0.3) as usize),
     };
     nemesis_behind_sentinel("history_nemesis_sentinel", seed, &run);

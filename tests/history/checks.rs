@@ -545,3 +545,54 @@ pub fn attempt_overlaps(h: &History) -> Vec<String> {
 pub fn keys() -> impl Iterator<Item = String> {
     (0..KEYS).map(|k| format!("k{k}"))
 }
+
+/// Check 1 for multi-key grants (`Locker::acquire_all`): a multi-key
+/// holder never overlaps any holder of any of its keys, single or
+/// multi-key. A multi-key grant is logged as one view per key, with ids
+/// `<grant>.<key>`; each view must not overlap (from the moment its holder
+/// knew it had every key to its last look that said held) any other
+/// grant's view of the same key. Also: every multi-key grant was granted
+/// at least two keys, each once, all at the same moment.
+pub fn check_multi(h: &History, violations: &mut Vec<String>) {
+    let mut groups: BTreeMap<&str, Vec<&GrantView>> = BTreeMap::new();
+    for g in &h.grants {
+        if let Some((grant, _)) = g.id.split_once('.') {
+            groups.entry(grant).or_default().push(g);
+        }
+    }
+    for (grant, views) in &groups {
+        let keys: HashSet<&str> = views.iter().map(|v| v.key.as_str()).collect();
+        if views.len() < 2
+            || keys.len() != views.len()
+            || views.iter().any(|v| v.granted != views[0].granted)
+        {
+            let all: String = views.iter().map(|v| v.describe()).collect();
+            violations.push(format!(
+                "multi: {grant} was not granted its keys at once, each once\n{all}"
+            ));
+        }
+        for v in views {
+            let Some((start, end)) = v.reliance() else {
+                continue;
+            };
+            for other in h
+                .grants
+                .iter()
+                .filter(|o| o.key == v.key && !o.id.starts_with(&format!("{grant}.")))
+            {
+                let Some((o_start, o_end)) = other.reliance() else {
+                    continue;
+                };
+                if start < o_end && o_start < end {
+                    violations.push(format!(
+                        "multi: {}: multi-key holder {grant} and {} relied on it at once\n{}{}",
+                        v.key,
+                        other.id,
+                        v.describe(),
+                        other.describe()
+                    ));
+                }
+            }
+        }
+    }
+}

@@ -25,6 +25,8 @@ pub struct Workers {
     pub deadline_ns: u64,
     /// Permits per key (0: the lock); see `WorkerSpec::permits`.
     pub permits: u32,
+    /// Half the grants two keys at once; see `WorkerSpec::multi`.
+    pub multi: bool,
     pub next_id: u32,
     pub running: Vec<Worker>,
     pub finished: Vec<(u32, PathBuf, Option<ExitStatus>)>,
@@ -144,6 +146,7 @@ impl Workers {
             log: log.clone(),
             deadline_ns: self.deadline_ns,
             permits: self.permits,
+            multi: self.multi,
         };
         let out = File::create(self.dir.join(format!("worker-{id}.out"))).unwrap();
         let mut cmd = Command::new(&self.exe);

@@ -54,7 +54,7 @@ impl EventLog {
         }
     }
 
-    fn event(&self, t: u64, kind: &str, fields: fmt::Arguments<'_>) {
+    pub fn event(&self, t: u64, kind: &str, fields: fmt::Arguments<'_>) {
         let line = format!("{t} {kind} {fields}\n");
         (&*self.file)
             .write_all(line.as_bytes())
@@ -84,6 +84,8 @@ pub struct WorkerSpec {
     /// 0: the workers take each key's lock; n: one of the key's n permits
     /// (and write nothing to the resource, which n holders share).
     pub permits: u32,
+    /// Half the grants two keys at once (`multi_worker.rs`).
+    pub multi: bool,
 }
 
 /// How a worker behind Sentinel finds the primary.
@@ -98,7 +100,7 @@ pub struct SentinelSpec {
 impl WorkerSpec {
     pub fn encode(&self) -> String {
         let mut text = format!(
-            "id={};seed={};locks={};cluster={};resource={};log={};deadline={};permits={}",
+            "id={};seed={};locks={};cluster={};resource={};log={};deadline={};permits={};multi={}",
             self.id,
             self.seed,
             self.lock_urls.join(","),
@@ -106,7 +108,8 @@ impl WorkerSpec {
             self.resource_url,
             self.log.display(),
             self.deadline_ns,
-            self.permits
+            self.permits,
+            u8::from(self.multi)
         );
         if let Some(s) = &self.sentinel {
             text += &format!(
@@ -143,6 +146,7 @@ impl WorkerSpec {
             log: PathBuf::from(field("log")),
             deadline_ns: field("deadline").parse().unwrap(),
             permits: field("permits").parse().unwrap(),
+            multi: field("multi") == "1",
         }
     }
 }
@@ -230,6 +234,9 @@ pub enum Style {
 }
 
 pub async fn worker_loop<S: LockStore + Clone>(spec: &WorkerSpec, log: &mut EventLog, store: S) {
+    if spec.multi {
+        return crate::multi_worker::multi_worker_loop(spec, log, store).await;
+    }
     let normal = Locker::builder(store.clone())
         .lease(LEASE)
         .wait_timeout(WAIT)
