@@ -13,6 +13,10 @@
 //! curl -i localhost:3000/healthz                               # 200, never locked
 //! for i in 1 2 3; do curl -si -X POST 'localhost:3000/tenants/acme/export?work_ms=5000' & done
 //!                                    # two 200s after 5 s, one 429 + Retry-After
+//! curl -i -X POST 'localhost:3000/transfers?work_ms=5000' -H 'content-type: application/json' \
+//!      -d '{"from":"A-1","to":"B-7","cents":500}' &            # 200 after 5 s
+//! curl -i -X POST localhost:3000/transfers -H 'content-type: application/json' \
+//!      -d '{"from":"B-7","to":"A-1","cents":100}'              # 409 + Retry-After
 //! ```
 //!
 //! Routes:
@@ -28,6 +32,13 @@
 //!   lock): it answers `{"id": "<tenant>", "fencing_token": N}` like a job;
 //!   a third export of the same tenant while two run gets `429`
 //!   `application/problem+json` with `Retry-After`.
+//! * `POST /transfers?work_ms=N` with a JSON body `{"from": "...", "to":
+//!   "...", "cents": N}` runs under the locks of both accounts at once
+//!   ([`MultiLockLayer`](tower_redis_lock::MultiLockLayer), namespace
+//!   [`ACCOUNTS`]): it answers `{"from": ..., "to": ..., "fencing_tokens":
+//!   [..]}` with one `fencing-token` header value per account, in key
+//!   order. A transfer touching either account while it runs, in either
+//!   direction, gets `409` `application/problem+json` with `Retry-After`.
 //! * `GET /healthz` answers `200 ok`, outside the lock layer.
 //!
 //! Environment:
@@ -65,8 +76,10 @@ use axum::extract::{Path, Query};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
-use tower_redis_lock::{KeyFrom, LockGuard, LockLayer, LockStore, Locker};
+use axum::{Extension, Json, Router};
+use tower_redis_lock::{
+    KeyFrom, LockGuard, LockLayer, LockStore, Locker, MultiGuard, MultiLockLayer,
+};
 
 /// Default `work_ms` of a job.
 pub const DEFAULT_WORK: Duration = Duration::from_millis(100);
@@ -78,6 +91,8 @@ pub const NAMESPACE: &str = "jobs";
 pub const EXPORTS: &str = "exports";
 /// Exports that may run at once per tenant.
 pub const EXPORTS_PER_TENANT: u32 = 2;
+/// Namespace of the account locks a transfer takes.
+pub const ACCOUNTS: &str = "accounts";
 /// Time limits when the environment sets none. The request timeout leaves
 /// the longest job ([`MAX_WORK`]) room to finish.
 pub const DEFAULT_TIMEOUTS: Timeouts = Timeouts {
@@ -95,6 +110,16 @@ pub fn app<St: LockStore>(locker: Locker<St>) -> Router {
         .concurrency_limit(EXPORTS_PER_TENANT)
         .build()
         .expect("the demo's export limit settings are valid");
+    let accounts = MultiLockLayer::builder(
+        locker.clone(),
+        [
+            KeyFrom::json_pointer::<String>("/from"),
+            KeyFrom::json_pointer::<String>("/to"),
+        ],
+    )
+    .namespace(ACCOUNTS)
+    .build()
+    .expect("the demo's transfer lock settings are valid");
     let layer = LockLayer::builder(locker, KeyFrom::path_param::<String>("id"))
         .namespace(NAMESPACE)
         .build()
@@ -112,7 +137,37 @@ pub fn app<St: LockStore>(locker: Locker<St>) -> Router {
             "/tenants/{tenant}/export",
             post(run_job).route_layer(exports),
         )
+        .route("/transfers", post(transfer).route_layer(accounts))
         .route("/healthz", get(healthz))
+}
+
+/// A transfer's body.
+#[derive(serde::Deserialize)]
+struct Transfer {
+    from: String,
+    to: String,
+    cents: u64,
+}
+
+/// Runs under the locks of both accounts (the layer took them as one).
+async fn transfer(
+    Query(query): Query<HashMap<String, String>>,
+    Extension(accounts): Extension<MultiGuard>,
+    Json(t): Json<Transfer>,
+) -> Response {
+    let Some(work) = work_ms(&query) else {
+        return bad_work_ms();
+    };
+    let tokens: Vec<u64> = accounts
+        .fencing_tokens()
+        .into_iter()
+        .filter_map(|t| t.ok().map(|t| t.get()))
+        .collect();
+    tracing::info!(from = %t.from, to = %t.to, cents = t.cents, ?tokens, "transfer started");
+    tokio::time::sleep(work).await;
+    // The layer adds one `fencing-token` header per account and releases both.
+    Json(serde_json::json!({ "from": t.from, "to": t.to, "fencing_tokens": tokens }))
+        .into_response()
 }
 
 /// Runs under the lock the layer took for `{id}` (or, as an export, under
@@ -122,16 +177,8 @@ async fn run_job(
     Query(query): Query<HashMap<String, String>>,
     guard: LockGuard,
 ) -> Response {
-    let work = match query.get("work_ms").map(|v| v.parse::<u64>()) {
-        None => DEFAULT_WORK,
-        Some(Ok(ms)) => Duration::from_millis(ms).min(MAX_WORK),
-        Some(Err(_)) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                "work_ms must be a whole number of milliseconds\n",
-            )
-                .into_response();
-        }
+    let Some(work) = work_ms(&query) else {
+        return bad_work_ms();
     };
     let token = guard.fencing_token().unwrap();
     tracing::info!(%id, fencing_token = token.get(), work_ms = work.as_millis() as u64, "job started");
@@ -139,6 +186,25 @@ async fn run_job(
     tracing::info!(%id, fencing_token = token.get(), still_held = guard.is_held(), "job finished");
     // The layer adds the `fencing-token` header and releases the lock.
     Json(serde_json::json!({ "id": id, "fencing_token": token.get() })).into_response()
+}
+
+/// The `work_ms` of a request (default [`DEFAULT_WORK`], capped at
+/// [`MAX_WORK`]), or `None` for one that is not a number.
+fn work_ms(query: &HashMap<String, String>) -> Option<Duration> {
+    match query.get("work_ms").map(|v| v.parse::<u64>()) {
+        None => Some(DEFAULT_WORK),
+        Some(Ok(ms)) => Some(Duration::from_millis(ms).min(MAX_WORK)),
+        Some(Err(_)) => None,
+    }
+}
+
+/// The answer to a `work_ms` that is not a number.
+fn bad_work_ms() -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        "work_ms must be a whole number of milliseconds\n",
+    )
+        .into_response()
 }
 
 async fn healthz() -> &'static str {

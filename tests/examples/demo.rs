@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode, header};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::rt::TokioIo;
 use support::{RedisServer, slow};
 use tokio::net::{TcpListener, TcpStream};
@@ -63,17 +63,36 @@ impl Reply {
 
 /// Sends one request on a fresh connection.
 async fn send(addr: SocketAddr, method: Method, path: &str) -> Reply {
-    let stream = TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("HTTP/1.1 handshake");
-    let conn = tokio::spawn(conn);
     let req = Request::builder()
         .method(method)
         .uri(path)
         .header(header::HOST, addr.to_string())
         .body(Empty::<Bytes>::new())
         .expect("request");
+    exchange(addr, req).await
+}
+
+/// POSTs a JSON body to `path` on a fresh connection.
+async fn post_json(addr: SocketAddr, path: &str, json: &str) -> Reply {
+    let req = Request::post(path)
+        .header(header::HOST, addr.to_string())
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(json.to_owned())))
+        .expect("request");
+    exchange(addr, req).await
+}
+
+/// Sends `req` on a fresh connection and reads the whole answer.
+async fn exchange<B>(addr: SocketAddr, req: Request<B>) -> Reply
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("HTTP/1.1 handshake");
+    let conn = tokio::spawn(conn);
     let res = sender.send_request(req).await.expect("response");
     let (parts, body) = res.into_parts();
     let body = body.collect().await.expect("response body").to_bytes();
@@ -315,6 +334,71 @@ async fn export_limit<St: LockStore>(locker: Locker<St>) {
     until("every permit is released", || locker.renewing() == 0).await;
     let after = server.post("/tenants/acme/export?work_ms=0").await;
     job_ok(&after, "acme");
+}
+
+/// The transfer route: both accounts locked as one for the transfer's
+/// time; a transfer the other way meanwhile gets 409 problem+json with
+/// `Retry-After`; one fencing-token value per account; both released.
+async fn transfers<St: LockStore>(locker: Locker<St>) {
+    let server = Server::start(locker.clone()).await;
+    let addr = server.addr;
+    let long = tokio::spawn(async move {
+        post_json(
+            addr,
+            "/transfers?work_ms=4000",
+            r#"{"from":"A-1","to":"B-7","cents":500}"#,
+        )
+        .await
+    });
+    until("the transfer holds both accounts", || {
+        locker.renewing() == 2
+    })
+    .await;
+    let back = post_json(
+        addr,
+        "/transfers",
+        r#"{"from":"B-7","to":"A-1","cents":100}"#,
+    )
+    .await;
+    assert_eq!(back.status, StatusCode::CONFLICT, "{back:?}");
+    assert_eq!(
+        back.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert!(back.header("retry-after").is_some(), "{back:?}");
+    let other = post_json(addr, "/transfers", r#"{"from":"C-3","to":"D-4","cents":1}"#).await;
+    assert_eq!(other.status, StatusCode::OK, "{other:?}");
+    let long = long.await.unwrap();
+    assert_eq!(long.status, StatusCode::OK, "{long:?}");
+    let tokens: Vec<u64> = long
+        .headers
+        .get_all("fencing-token")
+        .iter()
+        .map(|v| v.to_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(tokens.len(), 2, "{long:?}");
+    assert_eq!(long.json()["fencing_tokens"], serde_json::json!(tokens));
+    until("both accounts are released", || locker.renewing() == 0).await;
+    let after = post_json(
+        addr,
+        "/transfers",
+        r#"{"from":"B-7","to":"A-1","cents":100}"#,
+    )
+    .await;
+    assert_eq!(after.status, StatusCode::OK, "{after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfers_with_memory_store() {
+    transfers(demo_locker(MemoryStore::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfers_with_redis() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .expect("redis-server");
+    transfers(demo_locker(RedisStore::from_url(&server.url()).unwrap())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
