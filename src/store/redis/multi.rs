@@ -17,7 +17,12 @@ use crate::store::AcquireAllOutcome;
 use crate::store::multi::{acquire_in_order, release_each};
 use crate::token::{FencingToken, OwnerToken, Unfenced};
 
-pub(super) const ACQUIRE_ALL_SRC: &str = include_str!("scripts/acquire_all.lua");
+/// The multi-key grant: the token rule of the single grant (token.lua)
+/// and acquire_all.lua.
+pub(super) const ACQUIRE_ALL_SRC: &str = concat!(
+    include_str!("scripts/token.lua"),
+    include_str!("scripts/acquire_all.lua")
+);
 pub(super) const RELEASE_ALL_SRC: &str = include_str!("scripts/release_all.lua");
 pub(super) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_ALL_SRC));
 pub(super) static RELEASE_ALL: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_ALL_SRC));

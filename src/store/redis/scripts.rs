@@ -26,7 +26,12 @@ use crate::store::holder::HolderLabel;
 use crate::store::{AcquireOutcome, LeaseKind, LockStore};
 use crate::token::{FencingToken, OwnerToken};
 
-pub(super) const ACQUIRE_SRC: &str = include_str!("scripts/acquire.lua");
+/// The grant: the token rule (token.lua, shared with the multi-key grant)
+/// and acquire.lua.
+pub(super) const ACQUIRE_SRC: &str = concat!(
+    include_str!("scripts/token.lua"),
+    include_str!("scripts/acquire.lua")
+);
 pub(super) const EXTEND_SRC: &str = include_str!("scripts/extend.lua");
 pub(super) const RELEASE_SRC: &str = include_str!("scripts/release.lua");
 pub(super) const FINISH_SRC: &str = include_str!("scripts/finish.lua");

@@ -102,12 +102,8 @@ if cur then
 elseif not fenced then
   return {1, 0}
 end
--- token = max(last + 1, TIME in us), as a decimal string: the seconds,
--- then the microseconds zero-padded to 6 digits (string work only: no
--- string <-> number conversion on this path)
-local t = redis.call('TIME')
-local us = t[2]
-local s = t[1] .. string.rep('0', 6 - #us) .. us
+-- token = max(last + 1, TIME in us) (token.lua)
+local s = now_us()
 local last
 if not cluster then
   last = redis.call('SET', ARGV[4], s, 'PX', ARGV[5], 'GET')
@@ -120,8 +116,8 @@ else
   redis.call('SET', ARGV[4], s, 'PX', ARGV[5])
 end
 local granted = s
-if last and (#last > #s or (#last == #s and last >= s)) then
-  s = string.format('%.0f', tonumber(last) + 1)
+s = next_token(last, granted)
+if s ~= granted then
   redis.call('SET', ARGV[4], s, 'PX', ARGV[5])
 end
 -- The holder record, for operators (`inspect`): the token, the grant's

@@ -3,7 +3,8 @@
 -- lock: its value the owner token, its fencing token minted from its own
 -- bucket's counter (max(last + 1, TIME in us)), its holder record written;
 -- so a single lock and a multi-key grant of the same key see each other,
--- and a key's tokens rise across both.
+-- and a key's tokens rise across both (the token rule is token.lua's, the
+-- one acquire.lua uses).
 --
 -- KEYS the locks (1 to 64, one slot); ARGV[1] owner, ARGV[2] lease ms,
 -- ARGV[3] '1' on a Cluster, ARGV[4] fence retention ms ('' without
@@ -48,27 +49,19 @@ for i = 1, #KEYS do
   elseif fenced and last[ARGV[at + 2]] == nil then
     local got = redis.pcall('GET', ARGV[at + 2])
     if type(got) == 'table' then return {4} end
-    last[ARGV[at + 2]] = got or ''
+    last[ARGV[at + 2]] = got or false
   end
 end
 if held then return {0, held, longest} end
 local out = {1}
-local t, s
-if fenced then
-  t = redis.call('TIME')
-  local us = t[2]
-  s = t[1] .. string.rep('0', 6 - #us) .. us
-end
+local s
+if fenced then s = now_us() end
 for i = 1, #KEYS do
   local at = 5 + 3 * (i - 1)
   redis.call('SET', KEYS[i], owner, 'PX', lease)
   if fenced then
     local counter = ARGV[at + 2]
-    local prev = last[counter]
-    local token = s
-    if #prev > #s or (#prev == #s and prev >= s) then
-      token = string.format('%.0f', tonumber(prev) + 1)
-    end
+    local token = next_token(last[counter], s)
     redis.call('SET', counter, token, 'PX', ARGV[4])
     last[counter] = token
     redis.pcall('SET', ARGV[at + 3], token .. ' ' .. s .. ' ' .. ARGV[5], 'PX', lease)
