@@ -283,6 +283,7 @@ impl<S: LockStore> Locker<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::memory::MemoryStore;
 
     fn key(id: &str) -> LockKey {
         LockKey::new("multi", id).unwrap()
@@ -301,5 +302,79 @@ mod tests {
         // any work on it.
         let same = vec![key("x"); MAX_KEYS + 1];
         assert!(check_keys(&same).is_err());
+    }
+
+    fn locker(store: &MemoryStore, wait: Duration) -> Locker<MemoryStore> {
+        Locker::builder(store.clone())
+            .lease(Duration::from_secs(30))
+            .wait_timeout(wait)
+            .build()
+            .unwrap()
+    }
+
+    /// On a paused clock: a waiter of [a, b] while another holds b is
+    /// granted both when b is released (its own try does not run before:
+    /// the poll is bounded by the holder's 30 s lease), and one that
+    /// stays refused answers `WaitTimeout` at its deadline, holding nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_gets_every_key_once_the_held_one_is_released() {
+        let store = MemoryStore::new();
+        let holder = locker(&store, Duration::ZERO);
+        let waiter = locker(&store, Duration::from_secs(10));
+        let (a, b) = (key("wait-a"), key("wait-b"));
+        let held = holder.try_acquire(&b).await.unwrap();
+        let start = Instant::now();
+        let timed_out = waiter
+            .acquire_all_within(&[a.clone(), b.clone()], Duration::from_secs(2))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&timed_out, Error::WaitTimeout { key, .. } if *key == b),
+            "{timed_out:?}"
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+        assert!(!store.is_locked(&a), "a part was left held");
+
+        let both = {
+            let (waiter, keys) = (waiter.clone(), [a.clone(), b.clone()]);
+            tokio::spawn(async move { waiter.acquire_all(&keys).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!both.is_finished() && !store.is_locked(&a));
+        held.release().await.unwrap();
+        let both = both.await.unwrap().unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(4),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(store.is_locked(&a) && store.is_locked(&b));
+        assert!(both.release().await.unwrap());
+        assert_eq!(store.held_count(), 0);
+    }
+
+    /// Inside the scope of a lock of one of its keys, a list would wait
+    /// for itself: refused at once, nothing taken.
+    #[tokio::test(start_paused = true)]
+    async fn a_list_inside_the_scope_of_one_of_its_keys_is_refused() {
+        let store = MemoryStore::new();
+        let l = locker(&store, Duration::from_secs(10));
+        let (a, b) = (key("scope-a"), key("scope-b"));
+        let outer = l.try_acquire(&a).await.unwrap();
+        let err = outer
+            .scope(l.acquire_all(&[a.clone(), b.clone()]))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Config(e) if e.setting() == "keys"),
+            "{err:?}"
+        );
+        assert!(!store.is_locked(&b));
+        // Outside the scope it is an ordinary wait for `a`.
+        let err = l
+            .acquire_all_within(&[a, b.clone()], Duration::from_millis(100))
+            .await
+            .unwrap_err();
+        assert!(err.is_contended(), "{err:?}");
     }
 }
