@@ -76,6 +76,19 @@ impl LockStore for Overrides {
         self.called();
         self.store.instance_id()
     }
+    async fn acquire_all(
+        &self,
+        keys: &[LockKey],
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireAllOutcome, Error> {
+        self.called();
+        self.store.acquire_all(keys, owner, lease).await
+    }
+    async fn release_all(&self, keys: &[LockKey], owner: &OwnerToken) -> Result<Vec<bool>, Error> {
+        self.called();
+        self.store.release_all(keys, owner).await
+    }
 }
 
 #[tokio::test]
@@ -101,6 +114,22 @@ async fn default_methods_reach_the_inner_stores_own_implementation() {
 
     assert_eq!(boxed.instance_id(), inner.store.instance_id());
     assert_eq!(inner.calls.load(Ordering::SeqCst), 3);
+
+    let keys = [
+        LockKey::new("boxed", "a").unwrap(),
+        LockKey::new("boxed", "b").unwrap(),
+    ];
+    let all = boxed.acquire_all(&keys, &owner, lease).await.unwrap();
+    assert!(
+        matches!(&all, AcquireAllOutcome::Granted(t) if t.len() == 2),
+        "{all:?}"
+    );
+    assert_eq!(inner.calls.load(Ordering::SeqCst), 4);
+    assert_eq!(
+        boxed.release_all(&keys, &owner).await.unwrap(),
+        [true, true]
+    );
+    assert_eq!(inner.calls.load(Ordering::SeqCst), 5);
 }
 
 #[tokio::test]
