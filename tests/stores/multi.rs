@@ -509,3 +509,50 @@ async fn redis_unfenced_lists_have_no_tokens() {
     assert!(all.release().await.unwrap());
     assert!(all_free(&l, &keys).await);
 }
+
+/// The EVALSHA calls every node of `cluster` has run.
+fn cluster_evalsha_calls(cluster: &support::topology::Cluster) -> u64 {
+    cluster.nodes.iter().map(evalsha_calls).sum()
+}
+
+/// On a Cluster, locks of one slot are granted and released by one script
+/// each (one EVALSHA for three keys), and locks across slots one by one
+/// (one EVALSHA per key and step); both leave the same locks.
+#[tokio::test]
+async fn cluster_one_slot_is_one_script_and_across_slots_one_by_one() {
+    let (store, cluster) = stores::cluster();
+    let l = locker(store, 10_000, 0);
+    let (one, across) = (one_slot("script", 3), own_slots("script", 3));
+    // Warm: the scripts loaded on the nodes these keys live on.
+    for keys in [&one, &across] {
+        let g = l.try_acquire_all(keys).await.unwrap();
+        g.release().await.unwrap();
+    }
+    let before = cluster_evalsha_calls(&cluster);
+    let g = l.try_acquire_all(&one).await.unwrap();
+    assert_eq!(
+        cluster_evalsha_calls(&cluster) - before,
+        1,
+        "one grant script"
+    );
+    assert!(g.release().await.unwrap());
+    assert_eq!(
+        cluster_evalsha_calls(&cluster) - before,
+        2,
+        "one release script"
+    );
+
+    let before = cluster_evalsha_calls(&cluster);
+    let g = l.try_acquire_all(&across).await.unwrap();
+    assert_eq!(
+        cluster_evalsha_calls(&cluster) - before,
+        3,
+        "one grant per key"
+    );
+    assert!(g.release().await.unwrap());
+    assert_eq!(
+        cluster_evalsha_calls(&cluster) - before,
+        6,
+        "one release per key"
+    );
+}
