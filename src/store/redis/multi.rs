@@ -125,7 +125,10 @@ impl RedisStore {
             Some(0) => {
                 let index = answer.get(1).and_then(int).ok_or_else(unexpected)?;
                 let pttl = answer.get(2).and_then(int).ok_or_else(unexpected)?;
-                let index = usize::try_from(index - 1).map_err(|_| unexpected())?;
+                let index = index
+                    .checked_sub(1)
+                    .and_then(|i| usize::try_from(i).ok())
+                    .ok_or_else(unexpected)?;
                 Ok(Some(AcquireAllOutcome::Held {
                     index,
                     remaining: (pttl >= 0).then(|| Duration::from_millis(pttl as u64)),
