@@ -351,8 +351,15 @@ impl RedisStoreBuilder {
     /// slot migrates, a grant made on the node importing it cannot be
     /// confirmed there, and is refused and taken back). At most 16 grants
     /// wait at once per store; more queue for a connection within the
-    /// command timeout. At least one replica; the timeout above 0 and below
-    /// the command timeout.
+    /// command timeout (one that gets none is refused,
+    /// [`Error::Unavailable`](crate::Error::Unavailable), before anything
+    /// is granted), then each has the command timeout plus `timeout` for
+    /// its grant and wait; a wait cut by that bound is taken back too. An
+    /// acquire dropped during its wait leaves the grant to the
+    /// [`Locker`](crate::Locker)'s background release (owner-checked); a
+    /// direct [`LockStore`](crate::LockStore) caller must release it
+    /// itself. At least one replica; the timeout above 0 and below the
+    /// command timeout.
     pub fn wait_replicas(
         mut self,
         replicas: u32,
