@@ -278,3 +278,24 @@ async fn a_permit_acquire_dropped_mid_wait_is_released_at_once() {
     assert!(dropped_at.elapsed() < Duration::from_secs(2));
     replica.thaw();
 }
+
+/// `ReplicaShortfall::Proceed` while no replica confirms: the shortfall is
+/// logged as a transition (once, with why), each further grant at DEBUG,
+/// not a WARN line per grant (a flood under load; DESIGN: an outage is
+/// logged as a transition).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proceeding_unconfirmed_grants_are_logged_once_not_per_grant() {
+    let logs = support::logs::Logs::global();
+    let primary = RedisServer::start_with(&[]);
+    let l = locker(&primary, |b| {
+        b.wait_replicas(1, Duration::from_millis(50), ReplicaShortfall::Proceed)
+    });
+    for n in 0..10 {
+        let k = LockKey::new("proceed-flood", format!("k{n}")).unwrap();
+        let permits = l.semaphore(&k, 2).unwrap();
+        drop(permits.try_acquire().await.unwrap());
+    }
+    let lines = logs.lines_with("proceed-flood");
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("replicas"), "{lines:#?}");
+}

@@ -28,6 +28,10 @@ const MAX_WAIT_CONNS: usize = 16;
 pub(super) struct WaitConns {
     idle: std::sync::Mutex<Vec<Conn>>,
     in_use: tokio::sync::Semaphore,
+    /// With [`ReplicaShortfall::Proceed`]: how many grants proceeded
+    /// unconfirmed since the last confirmed one (`None`: the last was
+    /// confirmed). A shortfall is logged as a transition, not per grant.
+    unconfirmed: std::sync::Mutex<Option<u64>>,
 }
 
 impl WaitConns {
@@ -35,6 +39,7 @@ impl WaitConns {
         WaitConns {
             idle: std::sync::Mutex::default(),
             in_use: tokio::sync::Semaphore::new(MAX_WAIT_CONNS),
+            unconfirmed: std::sync::Mutex::default(),
         }
     }
 
@@ -124,7 +129,9 @@ pub enum ReplicaShortfall {
     /// a failover could lose.
     #[default]
     Fail,
-    /// Keep the grant and log a warning.
+    /// Keep the grant and log a warning: once when grants stop being
+    /// confirmed (each further one at DEBUG), and once when one is
+    /// confirmed again.
     Proceed,
 }
 
@@ -401,6 +408,13 @@ impl RedisStore {
     ) -> Result<(), Error> {
         let key = grant.key;
         if w.enough(acked) {
+            if let Some(proceeded) = lock(&self.inner.wait_conns.unconfirmed).take() {
+                tracing::warn!(
+                    proceeded_unconfirmed = proceeded,
+                    setting = w.setting(),
+                    "replicas confirm grants again"
+                );
+            }
             return Ok(());
         }
         let what = match w.aof {
@@ -418,7 +432,26 @@ impl RedisStore {
         };
         match w.on_shortfall {
             ReplicaShortfall::Proceed => {
-                tracing::warn!(key = %key, kind = ?grant.kind, %what, "grant not yet confirmed; proceeding");
+                let first = {
+                    let mut unconfirmed = lock(&self.inner.wait_conns.unconfirmed);
+                    let first = unconfirmed.is_none();
+                    *unconfirmed = Some(unconfirmed.unwrap_or(0) + 1);
+                    first
+                };
+                // Once per shortfall, as a store outage is: each further
+                // grant at DEBUG, until one is confirmed.
+                if first {
+                    tracing::warn!(
+                        key = %key,
+                        kind = ?grant.kind,
+                        %what,
+                        setting = w.setting(),
+                        "grant not confirmed by replicas in time; proceeding (further \
+                         unconfirmed grants are logged at DEBUG until one is confirmed)"
+                    );
+                } else {
+                    tracing::debug!(key = %key, kind = ?grant.kind, %what, "grant not yet confirmed; proceeding");
+                }
                 Ok(())
             }
             ReplicaShortfall::Fail => {
