@@ -383,7 +383,12 @@ impl RedisStoreBuilder {
     /// Needs `WAITAOF` (Redis 7.2+, Valkey 7.2+) and, for `local`,
     /// `appendonly yes` on the primary: a server without either makes the
     /// first grant fail with [`Error::Config`](crate::Error::Config) (the
-    /// grant taken back), never a silent skip. `local` or at least one
+    /// grant taken back), never a silent skip. A replica counts only
+    /// with `appendonly yes` on it too; with it off, no grant is ever
+    /// confirmed by it: each is refused after the whole `timeout` as
+    /// [`Error::Unavailable`](crate::Error::Unavailable) ("the AOF of 0
+    /// of 1 replicas"), a setting the store cannot tell from a lagging
+    /// replica. `local` or at least one
     /// replica; the timeout above 0 and below the command timeout; not
     /// with `wait_replicas`. On a cluster store, as `wait_replicas`.
     pub fn wait_aof(
