@@ -319,3 +319,70 @@ async fn with_wait_grants_follow_a_takeover_from_a_frozen_primary() {
             .collect::<Vec<_>>()
     );
 }
+
+/// After a slot's migration has ended (the slot now another primary's),
+/// the idle wait connections still hold the old slot map. A permit grant
+/// of that slot, with both primaries' replicas linked, is written where
+/// the `MOVED` leads, and must be confirmed there: not refused because
+/// the read-back before `WAIT` asked the old owner by a stale map.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_a_permit_after_its_slot_moved_is_confirmed_by_its_new_primary() {
+    let cluster = Cluster::start_with_replicas(
+        3,
+        1,
+        &[
+            "--cluster-require-full-coverage",
+            "no",
+            "--repl-diskless-sync-delay",
+            "0",
+        ],
+    );
+    let replicas = cluster.replica_indices();
+    let primaries: Vec<usize> = (0..cluster.nodes.len())
+        .filter(|i| !replicas.contains(i))
+        .collect();
+    let (from, to) = (primaries[0], primaries[1]);
+    let (from_replica, to_replica) = (replica_of(&cluster, from), replica_of(&cluster, to));
+    assert!(support::wait_until(LIMIT, || linked(
+        &cluster,
+        from_replica
+    ) && linked(
+        &cluster, to_replica
+    )));
+    let id = (0..1_000_000)
+        .map(|n| format!("moved-{n}"))
+        .find(|id| {
+            cluster.node_for_slot(cluster.slot_of(&redis_name("movedwait", id, "permits"))) == from
+        })
+        .unwrap();
+    let slot = cluster.slot_of(&redis_name("movedwait", &id, "permits"));
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let store = RedisStore::cluster_builder(&urls)
+        .command_timeout(Duration::from_secs(3))
+        .wait_replicas(1, Duration::from_millis(1500), ReplicaShortfall::Fail)
+        .build()
+        .unwrap();
+    let l = Locker::new(store);
+    // A wait connection, idle, with the slot map read before the move.
+    let warm = LockKey::new("movedwait", "warm").unwrap();
+    drop(l.try_acquire(&warm).await.unwrap());
+
+    let ids = cluster.node_ids();
+    setslot(&cluster, to, slot, &["IMPORTING", &ids[from]]);
+    setslot(&cluster, from, slot, &["MIGRATING", &ids[to]]);
+    // Nothing of the slot's to move: the migration ends at once.
+    for p in &primaries {
+        setslot(&cluster, *p, slot, &["NODE", &ids[to]]);
+    }
+    let sem = l
+        .semaphore(&LockKey::new("movedwait", &id).unwrap(), 2)
+        .unwrap();
+    let got = sem.try_acquire().await;
+    let name = redis_name("movedwait", &id, "permits");
+    assert!(
+        got.is_ok(),
+        "a permit granted on the slot's new primary (there: {}) was refused: {got:?}",
+        cluster.nodes[to].keys().contains(&name)
+    );
+}

@@ -200,3 +200,102 @@ async fn waitaof_on_a_server_without_it_is_a_config_error() {
     let lock = redis_name("replicas", "old-server", "lock");
     assert!(!primary.keys().contains(&lock), "{:?}", primary.keys());
 }
+
+/// More permit grants at once than there are `WAIT` connections (16), on a
+/// primary with no replica and `ReplicaShortfall::Fail`: every grant is
+/// unconfirmed, so every acquire fails and every permit is taken back, the
+/// ones that queued for a connection too. (A grant that waited for a
+/// connection used up part of its bound there, and was cut mid-`WAIT`:
+/// its permit stood for its whole lease, and its error named a timeout,
+/// not the replicas.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_grants_queued_for_a_wait_connection_are_taken_back_too() {
+    use std::sync::Arc;
+    use tower_redis_lock::{LockStore, OwnerToken};
+    let primary = RedisServer::start_with(&[]);
+    let store = Arc::new(
+        RedisStore::builder(&primary.url())
+            .command_timeout(Duration::from_millis(500))
+            .wait_replicas(1, Duration::from_millis(400), ReplicaShortfall::Fail)
+            .build()
+            .unwrap(),
+    );
+    let k = key("queued");
+    let grants = (0..40).map(|_| {
+        let (store, k) = (store.clone(), k.clone());
+        tokio::spawn(async move {
+            let owner = OwnerToken::generate();
+            store
+                .acquire_permit(&k, &owner, 100, Duration::from_secs(30))
+                .await
+        })
+    });
+    let answers = futures_util::future::join_all(grants).await;
+    let permits = redis_name("replicas", "queued", "permits");
+    let left = primary.cmd(&["ZCARD", &permits]).as_int();
+    let mut why = Vec::new();
+    for a in answers {
+        match a.unwrap() {
+            Err(Error::Unavailable { source, .. }) => why.push(source.to_string()),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(left, Some(0), "unconfirmed permits left standing: {why:?}");
+    assert!(
+        why.iter().all(|w| w.contains("replicas")),
+        "an operator is not told why: {why:?}"
+    );
+}
+
+/// A permit acquire dropped while its grant waits for a replica that does
+/// not answer: the permit written is released in the background at once
+/// (owner-checked), not left until its wait ends or its lease does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_acquire_dropped_mid_wait_is_released_at_once() {
+    let (primary, replica) = primary_and_replica(RedisServer::start_with, &[]);
+    let l = locker(&primary, |b| {
+        b.wait_replicas(1, Duration::from_secs(3), ReplicaShortfall::Fail)
+    });
+    let sem = l.semaphore(&key("dropped"), 2).unwrap();
+    let permits = redis_name("replicas", "dropped", "permits");
+    replica.freeze();
+    let acquire = tokio::spawn(async move { sem.try_acquire().await.map(|_| ()) });
+    assert!(
+        support::wait_until(Duration::from_secs(2), || {
+            primary.cmd(&["ZCARD", &permits]).as_int() == Some(1)
+        }),
+        "the permit was never written"
+    );
+    let dropped_at = std::time::Instant::now();
+    acquire.abort();
+    assert!(
+        support::wait_until(Duration::from_secs(2), || {
+            primary.cmd(&["ZCARD", &permits]).as_int() == Some(0)
+        }),
+        "the dropped acquire's permit was left standing"
+    );
+    // Well before its 3 s wait would have ended (and taken it back).
+    assert!(dropped_at.elapsed() < Duration::from_secs(2));
+    replica.thaw();
+}
+
+/// `ReplicaShortfall::Proceed` while no replica confirms: the shortfall is
+/// logged as a transition (once, with why), each further grant at DEBUG,
+/// not a WARN line per grant (a flood under load; DESIGN: an outage is
+/// logged as a transition).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proceeding_unconfirmed_grants_are_logged_once_not_per_grant() {
+    let logs = support::logs::Logs::global();
+    let primary = RedisServer::start_with(&[]);
+    let l = locker(&primary, |b| {
+        b.wait_replicas(1, Duration::from_millis(50), ReplicaShortfall::Proceed)
+    });
+    for n in 0..10 {
+        let k = LockKey::new("proceed-flood", format!("k{n}")).unwrap();
+        let permits = l.semaphore(&k, 2).unwrap();
+        drop(permits.try_acquire().await.unwrap());
+    }
+    let lines = logs.lines_with("proceed-flood");
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("replicas"), "{lines:#?}");
+}

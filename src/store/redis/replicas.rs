@@ -28,6 +28,10 @@ const MAX_WAIT_CONNS: usize = 16;
 pub(super) struct WaitConns {
     idle: std::sync::Mutex<Vec<Conn>>,
     in_use: tokio::sync::Semaphore,
+    /// With [`ReplicaShortfall::Proceed`]: how many grants proceeded
+    /// unconfirmed since the last confirmed one (`None`: the last was
+    /// confirmed). A shortfall is logged as a transition, not per grant.
+    unconfirmed: std::sync::Mutex<Option<u64>>,
 }
 
 impl WaitConns {
@@ -35,6 +39,7 @@ impl WaitConns {
         WaitConns {
             idle: std::sync::Mutex::default(),
             in_use: tokio::sync::Semaphore::new(MAX_WAIT_CONNS),
+            unconfirmed: std::sync::Mutex::default(),
         }
     }
 
@@ -124,7 +129,9 @@ pub enum ReplicaShortfall {
     /// a failover could lose.
     #[default]
     Fail,
-    /// Keep the grant and log a warning.
+    /// Keep the grant and log a warning: once when grants stop being
+    /// confirmed (each further one at DEBUG), and once when one is
+    /// confirmed again.
     Proceed,
 }
 
@@ -251,14 +258,37 @@ impl RedisStore {
         let key = grant.key;
         let bound = self.inner.timeout.saturating_add(w.timeout);
         let conns = &self.inner.wait_conns;
-        let work = async {
-            let _in_use = conns.in_use.acquire().await.map_err(|_| {
-                Error::from_redis(
+        // A connection first, within the command timeout (nothing is
+        // written yet), and only then the grant and its wait within
+        // `bound`: a grant that queued behind others must not use up its
+        // bound there and be cut mid-wait.
+        let in_use = match tokio::time::timeout(self.inner.timeout, conns.in_use.acquire()).await {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_)) => {
+                return Err(Error::from_redis(
                     op,
                     Some(key),
                     RedisError::from((redis::ErrorKind::Io, "the store is closing")),
-                )
-            })?;
+                ));
+            }
+            Err(_) => {
+                return Err(Error::Unavailable {
+                    op,
+                    key: Some(key.clone()),
+                    source: format!(
+                        "{MAX_WAIT_CONNS} grants already wait for replicas ({}), and none \
+                         ended within the command timeout ({} ms); nothing was granted",
+                        w.setting(),
+                        self.inner.timeout.as_millis()
+                    )
+                    .into(),
+                });
+            }
+        };
+        // Set once the grant is written: a wait cut by `bound` then takes
+        // it back, as one that answered too few.
+        let granted = std::sync::atomic::AtomicBool::new(false);
+        let work = async {
             let mut conn = match conns.take() {
                 Some(c) => c,
                 None => Box::pin(self.open_wait_conn(op, key, bound)).await?,
@@ -271,6 +301,7 @@ impl RedisStore {
                 conns.put(conn);
                 return Ok((kind, value, None));
             }
+            granted.store(true, std::sync::atomic::Ordering::Relaxed);
             let acked = match self.wait_where_granted(&mut conn, w, grant).await {
                 Ok(answer) => w.acks(answer),
                 Err(e) => Err(e),
@@ -281,7 +312,25 @@ impl RedisStore {
             }
             Ok((kind, value, Some(acked)))
         };
-        self.bounded(op, Some(key), bound, work).await
+        match self.bounded(op, Some(key), bound, work).await {
+            Err(e) if granted.load(std::sync::atomic::Ordering::Relaxed) => {
+                drop(in_use);
+                grant.take_back(self).await;
+                Err(Error::Unavailable {
+                    op,
+                    key: Some(key.clone()),
+                    source: format!(
+                        "the grant's wait for replicas ({}) did not answer within {} ms; \
+                         taken back ({})",
+                        w.setting(),
+                        bound.as_millis(),
+                        crate::error::Chain(&e)
+                    )
+                    .into(),
+                })
+            }
+            other => other,
+        }
     }
 
     /// A connection of its own for a grant and its wait: to the primary,
@@ -359,6 +408,13 @@ impl RedisStore {
     ) -> Result<(), Error> {
         let key = grant.key;
         if w.enough(acked) {
+            if let Some(proceeded) = lock(&self.inner.wait_conns.unconfirmed).take() {
+                tracing::warn!(
+                    proceeded_unconfirmed = proceeded,
+                    setting = w.setting(),
+                    "replicas confirm grants again"
+                );
+            }
             return Ok(());
         }
         let what = match w.aof {
@@ -376,7 +432,26 @@ impl RedisStore {
         };
         match w.on_shortfall {
             ReplicaShortfall::Proceed => {
-                tracing::warn!(key = %key, kind = ?grant.kind, %what, "grant not yet confirmed; proceeding");
+                let first = {
+                    let mut unconfirmed = lock(&self.inner.wait_conns.unconfirmed);
+                    let first = unconfirmed.is_none();
+                    *unconfirmed = Some(unconfirmed.unwrap_or(0) + 1);
+                    first
+                };
+                // Once per shortfall, as a store outage is: each further
+                // grant at DEBUG, until one is confirmed.
+                if first {
+                    tracing::warn!(
+                        key = %key,
+                        kind = ?grant.kind,
+                        %what,
+                        setting = w.setting(),
+                        "grant not confirmed by replicas in time; proceeding (further \
+                         unconfirmed grants are logged at DEBUG until one is confirmed)"
+                    );
+                } else {
+                    tracing::debug!(key = %key, kind = ?grant.kind, %what, "grant not yet confirmed; proceeding");
+                }
                 Ok(())
             }
             ReplicaShortfall::Fail => {

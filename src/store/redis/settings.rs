@@ -351,8 +351,15 @@ impl RedisStoreBuilder {
     /// slot migrates, a grant made on the node importing it cannot be
     /// confirmed there, and is refused and taken back). At most 16 grants
     /// wait at once per store; more queue for a connection within the
-    /// command timeout. At least one replica; the timeout above 0 and below
-    /// the command timeout.
+    /// command timeout (one that gets none is refused,
+    /// [`Error::Unavailable`](crate::Error::Unavailable), before anything
+    /// is granted), then each has the command timeout plus `timeout` for
+    /// its grant and wait; a wait cut by that bound is taken back too. An
+    /// acquire dropped during its wait leaves the grant to the
+    /// [`Locker`](crate::Locker)'s background release (owner-checked); a
+    /// direct [`LockStore`](crate::LockStore) caller must release it
+    /// itself. At least one replica; the timeout above 0 and below the
+    /// command timeout.
     pub fn wait_replicas(
         mut self,
         replicas: u32,
@@ -376,7 +383,12 @@ impl RedisStoreBuilder {
     /// Needs `WAITAOF` (Redis 7.2+, Valkey 7.2+) and, for `local`,
     /// `appendonly yes` on the primary: a server without either makes the
     /// first grant fail with [`Error::Config`](crate::Error::Config) (the
-    /// grant taken back), never a silent skip. `local` or at least one
+    /// grant taken back), never a silent skip. A replica counts only
+    /// with `appendonly yes` on it too; with it off, no grant is ever
+    /// confirmed by it: each is refused after the whole `timeout` as
+    /// [`Error::Unavailable`](crate::Error::Unavailable) ("the AOF of 0
+    /// of 1 replicas"), a setting the store cannot tell from a lagging
+    /// replica. `local` or at least one
     /// replica; the timeout above 0 and below the command timeout; not
     /// with `wait_replicas`. On a cluster store, as `wait_replicas`.
     pub fn wait_aof(
