@@ -26,7 +26,7 @@ const MAX_WAIT_CONNS: usize = 16;
 
 /// The store's connections for grants that wait for replicas.
 pub(super) struct WaitConns {
-    idle: std::sync::Mutex<Vec<Conn>>,
+    idle: std::sync::Mutex<Idle<Conn>>,
     in_use: tokio::sync::Semaphore,
     /// With [`ReplicaShortfall::Proceed`]: how many grants proceeded
     /// unconfirmed since the last confirmed one (`None`: the last was
@@ -43,19 +43,50 @@ impl WaitConns {
         }
     }
 
-    /// Drops the idle ones (the next grant opens a new one).
+    /// Drops the idle ones (the next grant opens a new one), and every
+    /// one in use when it comes back.
     pub(super) fn clear(&self) {
         lock(&self.idle).clear();
     }
+}
 
-    fn take(&self) -> Option<Conn> {
-        lock(&self.idle).pop()
+/// The idle connections, and a generation that [`clear`](Idle::clear)
+/// raises: a connection taken (or opened) before a clear is not kept when
+/// it comes back. After a failover (`+switch-master`, a timeout) a grant
+/// that was waiting on the old primary must not hand its connection to the
+/// next grant, which would write there beside the new primary's holders.
+#[derive(Debug)]
+struct Idle<C> {
+    generation: u64,
+    conns: Vec<C>,
+}
+
+impl<C> Default for Idle<C> {
+    fn default() -> Self {
+        Idle {
+            generation: 0,
+            conns: Vec::new(),
+        }
+    }
+}
+
+impl<C> Idle<C> {
+    fn clear(&mut self) {
+        self.generation += 1;
+        self.conns.clear();
     }
 
-    fn put(&self, conn: Conn) {
-        let mut idle = lock(&self.idle);
-        if idle.len() < MAX_WAIT_CONNS {
-            idle.push(conn);
+    /// An idle connection if there is one, and the generation to hand back
+    /// with it (or with a connection opened in its place).
+    fn take(&mut self) -> (Option<C>, u64) {
+        (self.conns.pop(), self.generation)
+    }
+
+    /// Keeps `conn` for the next grant, unless the pool was cleared since
+    /// it was taken (or is full).
+    fn put(&mut self, conn: C, taken_in: u64) {
+        if taken_in == self.generation && self.conns.len() < MAX_WAIT_CONNS {
+            self.conns.push(conn);
         }
     }
 }
@@ -289,16 +320,18 @@ impl RedisStore {
         // it back, as one that answered too few.
         let granted = std::sync::atomic::AtomicBool::new(false);
         let work = async {
-            let mut conn = match conns.take() {
+            let (idle, generation) = lock(&conns.idle).take();
+            let mut conn = match idle {
                 Some(c) => c,
                 None => Box::pin(self.open_wait_conn(op, key, bound)).await?,
             };
+            let put = |conn| lock(&conns.idle).put(conn, generation);
             let (kind, value): (i64, redis::Value) = call.invoke(&mut conn).await.map_err(|e| {
                 self.forget_connection_on(&e);
                 Error::from_redis(op, Some(key), e)
             })?;
             if kind != 1 && kind != 3 {
-                conns.put(conn);
+                put(conn);
                 return Ok((kind, value, None));
             }
             granted.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -307,7 +340,7 @@ impl RedisStore {
                 Err(e) => Err(e),
             };
             match &acked {
-                Ok(_) => conns.put(conn),
+                Ok(_) => put(conn),
                 Err(e) => self.forget_connection_on(e),
             }
             Ok((kind, value, Some(acked)))
@@ -487,4 +520,38 @@ fn wait_error(key: &LockKey, w: WaitReplicas, e: RedisError) -> Error {
         return Error::Config(ConfigError::new(w.setting(), reason));
     }
     Error::from_redis(Operation::Acquire, Some(key), e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Idle, MAX_WAIT_CONNS};
+
+    #[test]
+    fn a_connection_taken_before_a_clear_is_not_kept() {
+        let mut idle = Idle::default();
+        idle.put("a", 0);
+        let (taken, generation) = idle.take();
+        assert_eq!(taken, Some("a"));
+        // A failover clears the pool while "a" waits on the old primary.
+        idle.clear();
+        idle.put("a", generation);
+        assert_eq!(
+            idle.take().0,
+            None,
+            "a connection of the old primary was kept"
+        );
+        // One taken (or opened) after the clear is kept.
+        let (_, now) = idle.take();
+        idle.put("b", now);
+        assert_eq!(idle.take().0, Some("b"));
+    }
+
+    #[test]
+    fn at_most_the_bound_is_kept_idle() {
+        let mut idle = Idle::default();
+        for i in 0..MAX_WAIT_CONNS + 3 {
+            idle.put(i, 0);
+        }
+        assert_eq!(idle.conns.len(), MAX_WAIT_CONNS);
+    }
 }
