@@ -358,8 +358,11 @@ impl RedisStoreBuilder {
     /// acquire dropped during its wait leaves the grant to the
     /// [`Locker`](crate::Locker)'s background release (owner-checked); a
     /// direct [`LockStore`](crate::LockStore) caller must release it
-    /// itself. At least one replica; the timeout above 0 and below the
-    /// command timeout.
+    /// itself. A grant to an owner that already held the lock or permit
+    /// (a direct caller's second acquire under one owner token; the
+    /// `Locker` draws a new token for every attempt) waits too, and one not
+    /// confirmed is taken back with the earlier hold. At least one
+    /// replica; the timeout above 0 and below the command timeout.
     pub fn wait_replicas(
         mut self,
         replicas: u32,
