@@ -22,7 +22,9 @@ mod time;
 mod token;
 
 pub use engine::LockGuard;
-pub use engine::{Acquired, ExportedLease, Locker, LockerBuilder, MultiGuard, Semaphore, Status};
+pub use engine::{
+    Acquired, ExportedLease, Locker, LockerBuilder, MultiGuard, ReadWriteLock, Semaphore, Status,
+};
 pub use error::{BoxError, ConfigError, Error, Operation};
 pub use fence::{FenceOutcome, FencedResource};
 pub use key::{KeyError, LockKey};
@@ -47,7 +49,7 @@ pub use store::holder::{ForcedRelease, HolderId, HolderInfo, HolderLabel, Holder
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub use store::redis::{DataNodes, NodeTls};
 pub use store::{
-    AcquireAllOutcome, AcquireOutcome, LeaseKind, LockStore, ReleaseWatch, Renewal,
+    AcquireAllOutcome, AcquireOutcome, LeaseKind, LockStore, ReleaseWatch, Renewal, RwMode,
     memory::MemoryStore,
     redis::RedisStore,
     redis::{EvictionCheck, RedisStoreBuilder, ReplicaShortfall},

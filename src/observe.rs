@@ -47,6 +47,8 @@ fn kind_label(kind: LeaseKind) -> &'static str {
     match kind {
         LeaseKind::Lock => "lock",
         LeaseKind::Permit => "permit",
+        LeaseKind::Read => "read",
+        LeaseKind::Write => "write",
     }
 }
 

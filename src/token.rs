@@ -32,8 +32,14 @@ impl OwnerToken {
         // locking with a guessable owner token would be unsafe.
         #[allow(clippy::expect_used)]
         getrandom::fill(&mut raw).expect("the OS random source failed");
+        Self::from_u128(u128::from_be_bytes(raw))
+    }
+
+    /// The token whose 128 bits are `n` (a writer's waiting mark: see
+    /// `Ask::Write`).
+    pub(crate) fn from_u128(n: u128) -> Self {
         let mut hex = [0u8; 32];
-        for (pair, b) in hex.chunks_exact_mut(2).zip(raw) {
+        for (pair, b) in hex.chunks_exact_mut(2).zip(n.to_be_bytes()) {
             pair[0] = HEX_DIGITS[usize::from(b >> 4)];
             pair[1] = HEX_DIGITS[usize::from(b & 15)];
         }

@@ -317,7 +317,7 @@ impl LockGuard {
             drop(self.release().await);
             return Err(Error::Config(crate::error::ConfigError::new(
                 "finish",
-                "a permit has no completed record: release it instead",
+                "only a lock has a completed record: release a permit or a read or write guard instead",
             )));
         }
         let s = &self.shared;
@@ -415,7 +415,7 @@ impl LockGuard {
         if l.kind != LeaseKind::Lock {
             return Err(Error::Config(crate::error::ConfigError::new(
                 "export",
-                "a permit cannot be handed off: only a lock can",
+                "only a lock can be handed off, not a permit or a read or write guard",
             )));
         }
         if !s.is_held() {

@@ -26,6 +26,11 @@ pub(crate) enum Ask {
     Lock { replay: bool },
     /// One of `permits` permits of the key's semaphore.
     Permit { permits: u32 },
+    /// A shared hold of the key's reader-writer lock.
+    Read,
+    /// The exclusive hold of the key's reader-writer lock; `waiter` (one
+    /// per acquire that waits) marks it waiting while it finds it busy.
+    Write { waiter: Option<u128> },
 }
 
 impl Ask {
@@ -34,6 +39,8 @@ impl Ask {
         match self {
             Ask::Lock { .. } => LeaseKind::Lock,
             Ask::Permit { .. } => LeaseKind::Permit,
+            Ask::Read => LeaseKind::Read,
+            Ask::Write { .. } => LeaseKind::Write,
         }
     }
 }

@@ -98,6 +98,9 @@ pub(crate) struct Inner<S> {
     /// This process's waiters for a permit of a key's semaphore (apart
     /// from the lock's: a permit held here does not mean none is free).
     pub(crate) permit_queues: Queues,
+    /// This process's waiters for either side of a key's reader-writer
+    /// lock (one queue: in turn, whichever side each wants).
+    pub(crate) rw_queues: Queues,
     pub(crate) health: Health,
 }
 
@@ -128,6 +131,7 @@ impl<S: LockStore> Locker<S> {
                 next_id: AtomicU64::new(0),
                 queues: Queues::default(),
                 permit_queues: Queues::default(),
+                rw_queues: Queues::default(),
                 health: Health::default(),
             }),
         }
@@ -260,6 +264,7 @@ impl<S: LockStore> Locker<S> {
         match kind {
             LeaseKind::Lock => &self.inner.queues,
             LeaseKind::Permit => &self.inner.permit_queues,
+            LeaseKind::Read | LeaseKind::Write => &self.inner.rw_queues,
         }
     }
 
@@ -277,7 +282,9 @@ impl<S: LockStore> Locker<S> {
     #[cfg(any(test, feature = "test-util"))]
     #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn has_waiters(&self, key: &LockKey) -> bool {
-        self.inner.queues.has_waiters(key) || self.inner.permit_queues.has_waiters(key)
+        self.inner.queues.has_waiters(key)
+            || self.inner.permit_queues.has_waiters(key)
+            || self.inner.rw_queues.has_waiters(key)
     }
 
     /// The watchdog of `runtime` (the caller's): one renewal task per

@@ -24,6 +24,7 @@
 //! | `semaphore.rs` | [`Semaphore`]: a key's permits, taken through the wait loop |
 //! | `multi.rs` | [`Locker::acquire_all`]: several keys, all or nothing, and its wait loop |
 //! | `multi_guard.rs` | [`MultiGuard`]: the keys held as one (renewed, lost and released together) |
+//! | `rwlock.rs` | [`ReadWriteLock`]: a key's shared and exclusive holds, writer-preferring |
 
 mod builder;
 mod exported;
@@ -40,6 +41,7 @@ mod pending;
 mod queue;
 mod reentry;
 mod resume;
+mod rwlock;
 mod semaphore;
 #[cfg(test)]
 mod test_support;
@@ -51,6 +53,7 @@ pub use exported::ExportedLease;
 pub use guard::LockGuard;
 pub use locker::{Acquired, Locker, Status};
 pub use multi_guard::MultiGuard;
+pub use rwlock::ReadWriteLock;
 pub use semaphore::Semaphore;
 #[cfg_attr(not(feature = "axum"), allow(unused_imports))]
 pub(crate) use semaphore::check_permits;

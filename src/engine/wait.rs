@@ -192,10 +192,15 @@ impl<S: LockStore> Locker<S> {
                 }
                 continue;
             }
-            let cap = match remaining {
+            let mut cap = match remaining {
                 Some(r) => o.poll.min(r + Duration::from_millis(1)),
                 None => o.poll,
             };
+            if let Ask::Write { waiter: Some(_) } = ask {
+                // A waiting writer's mark lasts a lease: renewed by a try
+                // every lease/3 at the least, as a lease is.
+                cap = cap.min(o.lease / 3);
+            }
             // Jitter in [cap/2, cap] so waiters do not poll in lockstep.
             // (Saturating: a poll interval of `Duration::MAX` means "only
             // on notifications and at the deadline".)
@@ -267,6 +272,13 @@ impl<S: LockStore> Locker<S> {
                     .await?
             }
             Ask::Permit { permits } => store.acquire_permit(key, owner, permits, first).await?,
+            Ask::Read => store.acquire_read(key, owner, first).await?,
+            Ask::Write { waiter } => {
+                let waiter = waiter.map(OwnerToken::from_u128);
+                store
+                    .acquire_write(key, owner, waiter.as_ref(), first)
+                    .await?
+            }
         };
         pending.disarm();
         let token = match outcome {

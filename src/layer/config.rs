@@ -130,6 +130,9 @@ pub(crate) struct Config<St> {
     /// A permit layer: at most this many requests per key at once (see
     /// `LockLayerBuilder::concurrency_limit`); a lock layer without.
     pub(crate) permits: Option<u32>,
+    /// A reader-writer layer: which side each request takes (see
+    /// `LockLayerBuilder::read_write`); a lock layer without.
+    pub(crate) rw: Option<super::rwlock::ModeOf>,
     pub(crate) header: HeaderName,
     pub(crate) body_limit: usize,
     pub(crate) on_store_error: OnStoreError,
@@ -190,6 +193,13 @@ impl<St: LockStore> Config<St> {
                  it cannot also stream it under the lock",
                 ));
             }
+        }
+        if c.rw.is_some() && (c.permits.is_some() || c.idempotency.is_some()) {
+            return Err(ConfigError::new(
+                "read_write",
+                "a reader-writer layer is neither a concurrency limit nor idempotent \
+                 (those need permits, or one request per key)",
+            ));
         }
         if let Some(permits) = c.permits {
             crate::engine::check_permits(permits)?;

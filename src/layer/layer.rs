@@ -129,6 +129,7 @@ impl<St: LockStore> LockLayer<St> {
                 contention: StatusCode::CONFLICT,
                 contention_set: false,
                 permits: None,
+                rw: None,
                 header: FENCING_TOKEN,
                 body_limit: DEFAULT_BODY_LIMIT,
                 on_store_error: OnStoreError::default(),
@@ -277,6 +278,84 @@ impl<St: LockStore> LockLayerBuilder<St> {
     /// ```
     pub fn concurrency_limit(mut self, permits: u32) -> Self {
         self.config.permits = Some(permits);
+        self
+    }
+
+    /// Makes the layer a reader-writer lock across every instance of the
+    /// service: requests with a safe method (GET, HEAD, OPTIONS, TRACE)
+    /// take the key's [`ReadWriteLock`](crate::ReadWriteLock) shared, and
+    /// run side by side; every other method takes it exclusive, alone.
+    /// Writer-preferring: a write request that waits stops new reads, so a
+    /// stream of reads cannot starve it. Everything else is as for the
+    /// lock: the key, the wait (the locker's wait timeout), the lease
+    /// renewed while the handler runs, the `LockGuard` in the request, the
+    /// fencing token (a write's own; a read carries the last write's
+    /// epoch), the release when the response is ready (or its body ends).
+    /// [`read_write_by`](LockLayerBuilder::read_write_by) maps methods
+    /// otherwise.
+    ///
+    /// | answer | when |
+    /// |---|---|
+    /// | the handler's | the lock was free for the request's side, or freed within the wait |
+    /// | 409 Conflict (or 423, the [`contention_status`](LockLayerBuilder::contention_status)), `Retry-After`, problem+json | a writer (for a read: or a waiting writer), or for a write any reader, held it for the whole wait |
+    /// | 503, `Retry-After`, problem+json | the store failed (unless [`OnStoreError::FailOpen`]) |
+    /// | 400 | no key, or a key the handler would refuse |
+    /// | 500 | a write request nested in a read layer of the same key (no upgrade), or a store without reader-writer locks ([`RedlockStore`](crate::RedlockStore)) |
+    ///
+    /// Not with [`concurrency_limit`](LockLayerBuilder::concurrency_limit)
+    /// or [`idempotent`](LockLayerBuilder::idempotent) (refused by
+    /// [`build`](LockLayerBuilder::build)).
+    ///
+    /// ```
+    /// use axum::{Router, routing::get};
+    /// use tower_redis_lock::{KeyFrom, LockLayer, Locker, MemoryStore};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locker = Locker::new(MemoryStore::new());
+    /// let docs = LockLayer::builder(locker, KeyFrom::path_param::<String>("doc"))
+    ///     .namespace("docs")
+    ///     .read_write()
+    ///     .build()?;
+    /// let app: Router = Router::new().route(
+    ///     "/docs/{doc}",
+    ///     get(|| async { "read side by side" })
+    ///         .put(|| async { "written alone" })
+    ///         .route_layer(docs),
+    /// );
+    /// # let _ = app;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn read_write(mut self) -> Self {
+        self.config.rw = Some(super::rwlock::ModeOf::safe_methods_read());
+        self
+    }
+
+    /// As [`read_write`](LockLayerBuilder::read_write), with the side of
+    /// each method as `mode_of` says: e.g. a `POST` that only queries
+    /// (`/search`) taken shared.
+    ///
+    /// ```
+    /// use http::Method;
+    /// use tower_redis_lock::{KeyFrom, LockLayer, Locker, MemoryStore, RwMode};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locker = Locker::new(MemoryStore::new());
+    /// let layer = LockLayer::builder(locker, KeyFrom::path_param::<String>("doc"))
+    ///     .read_write_by(|m: &Method| match *m {
+    ///         Method::GET | Method::HEAD | Method::POST => RwMode::Read,
+    ///         _ => RwMode::Write,
+    ///     })
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn read_write_by(
+        mut self,
+        mode_of: impl Fn(&http::Method) -> crate::store::RwMode + Send + Sync + 'static,
+    ) -> Self {
+        self.config.rw = Some(super::rwlock::ModeOf::by(mode_of));
         self
     }
 

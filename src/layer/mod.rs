@@ -51,6 +51,7 @@ pub(crate) mod layer;
 pub(crate) mod multi;
 pub(crate) mod problem;
 mod replay;
+mod rwlock;
 mod service;
 
 pub use body::ResponseBody;

@@ -23,7 +23,7 @@ use super::replay::{finish, replay};
 use crate::engine::{Acquired, LockGuard};
 use crate::error::{BoxError, Chain, Error};
 use crate::key::LockKey;
-use crate::store::LockStore;
+use crate::store::{LockStore, RwMode};
 use crate::token::FencingToken;
 
 /// Namespace used when no namespace is set and no route matched.
@@ -217,7 +217,8 @@ where
     // request handed to another task, with its extensions, still re-enters
     // instead of waiting for its own lock.
     let parent = req.extensions().get::<LockGuard>().cloned();
-    let guard = match take(c, &key, parent.as_ref(), fingerprint).await? {
+    let mode = c.rw.as_ref().map(|m| m.of(req.method()));
+    let guard = match take(c, &key, mode, parent.as_ref(), fingerprint).await? {
         Taken::Locked(guard) => guard,
         Taken::Replayed(res) => return Ok(*res),
         Taken::FailedOpen => return run_unlocked(inner, req).await,
@@ -394,10 +395,16 @@ enum Taken<B> {
 async fn take<St: LockStore, B>(
     c: &Config<St>,
     key: &LockKey,
+    mode: Option<RwMode>,
     parent: Option<&LockGuard>,
     fingerprint: Option<[u8; 32]>,
 ) -> Result<Taken<B>, Problem> {
     let take = async {
+        if let Some(mode) = mode {
+            return super::rwlock::take_rw(&c.locker, key, mode)
+                .await
+                .map(Acquired::Locked);
+        }
         match (&c.idempotency, c.permits) {
             (_, Some(permits)) => match c.locker.semaphore(key, permits) {
                 Ok(sem) => sem.acquire().await.map(Acquired::Locked),

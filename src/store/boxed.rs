@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::holder::{ForcedRelease, HolderInfo, HolderLabel, HolderPage, ListCursor};
-use super::{AcquireAllOutcome, AcquireOutcome, LockStore, ReleaseWatch, Renewal};
+use super::{AcquireAllOutcome, AcquireOutcome, LockStore, ReleaseWatch, Renewal, RwMode};
 use crate::error::Error;
 use crate::key::LockKey;
 use crate::token::OwnerToken;
@@ -221,6 +221,50 @@ impl LockStore for BoxStore {
         self.inner.release_permit_boxed(key, owner).await
     }
 
+    async fn acquire_read(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        self.inner.acquire_read_boxed(key, owner, lease).await
+    }
+
+    async fn acquire_write(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        waiter: Option<&OwnerToken>,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        self.inner
+            .acquire_write_boxed(key, owner, waiter, lease)
+            .await
+    }
+
+    async fn extend_rw(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        mode: RwMode,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        self.inner.extend_rw_boxed(key, owner, mode, lease).await
+    }
+
+    async fn release_rw(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        mode: RwMode,
+    ) -> Result<bool, Error> {
+        self.inner.release_rw_boxed(key, owner, mode).await
+    }
+
+    async fn withdraw_writer(&self, key: &LockKey, waiter: &OwnerToken) -> Result<bool, Error> {
+        self.inner.withdraw_writer_boxed(key, waiter).await
+    }
+
     async fn acquire_labelled(
         &self,
         key: &LockKey,
@@ -350,6 +394,42 @@ trait DynLockStore: Send + Sync + 'static {
         &'a self,
         key: &'a LockKey,
         owner: &'a OwnerToken,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    fn acquire_read_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>>;
+
+    fn acquire_write_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        waiter: Option<&'a OwnerToken>,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>>;
+
+    fn extend_rw_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        mode: RwMode,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    fn release_rw_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        mode: RwMode,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    fn withdraw_writer_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        waiter: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, Error>>;
 
     fn acquire_labelled_boxed<'a>(
@@ -496,6 +576,52 @@ impl<S: LockStore> DynLockStore for S {
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(LockStore::release_permit(self, key, owner))
+    }
+
+    fn acquire_read_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>> {
+        Box::pin(LockStore::acquire_read(self, key, owner, lease))
+    }
+
+    fn acquire_write_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        waiter: Option<&'a OwnerToken>,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>> {
+        Box::pin(LockStore::acquire_write(self, key, owner, waiter, lease))
+    }
+
+    fn extend_rw_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        mode: RwMode,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(LockStore::extend_rw(self, key, owner, mode, lease))
+    }
+
+    fn release_rw_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        owner: &'a OwnerToken,
+        mode: RwMode,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(LockStore::release_rw(self, key, owner, mode))
+    }
+
+    fn withdraw_writer_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        waiter: &'a OwnerToken,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(LockStore::withdraw_writer(self, key, waiter))
     }
 
     fn acquire_labelled_boxed<'a>(

@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::holder::{ForcedRelease, HolderId, HolderInfo, HolderLabel, HolderPage, ListCursor};
-use super::{AcquireAllOutcome, AcquireOutcome, LockStore, ReleaseWatch};
+use super::{AcquireAllOutcome, AcquireOutcome, LockStore, ReleaseWatch, RwMode};
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
 use crate::time::far_add;
@@ -57,6 +57,9 @@ struct State {
     /// Each key's permits held: owner and lease end. An empty set is
     /// removed, so the state is bounded by the permits held.
     semaphores: HashMap<LockKey, HashMap<OwnerToken, Instant>>,
+    /// Each key's reader-writer lock (see `rwlock.rs`), removed when
+    /// nothing is held or waited for.
+    rwlocks: HashMap<LockKey, rwlock::RwState>,
     records: HashMap<LockKey, (Bytes, Instant)>,
     watchers: HashMap<LockKey, watch::Sender<u64>>,
     last_token: u64,
@@ -82,6 +85,7 @@ impl std::fmt::Debug for MemoryStore {
         f.debug_struct("MemoryStore")
             .field("locks", &st.locks.len())
             .field("semaphores", &st.semaphores.len())
+            .field("rwlocks", &st.rwlocks.len())
             .field("watched_keys", &st.watchers.len())
             .finish()
     }
@@ -137,6 +141,17 @@ impl MemoryStore {
         n
     }
 
+    /// `key`'s reader-writer lock right now: how many readers hold it,
+    /// whether a writer does, how many writers are marked waiting.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn rw_held(&self, key: &LockKey) -> (usize, bool, usize) {
+        let now = Instant::now();
+        self.lock().live_rw(key, now).map_or((0, false, 0), |rw| {
+            (rw.readers(), rw.has_writer(), rw.writers_waiting())
+        })
+    }
+
     /// Whether a waiter is subscribed to `key`'s release notifications
     /// (tests wait for this before they release).
     #[cfg(any(test, feature = "test-util"))]
@@ -155,7 +170,11 @@ impl MemoryStore {
     #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn keys_kept(&self) -> usize {
         let st = self.lock();
-        st.locks.len() + st.semaphores.len() + st.records.len() + st.watchers.len()
+        st.locks.len()
+            + st.semaphores.len()
+            + st.rwlocks.len()
+            + st.records.len()
+            + st.watchers.len()
     }
 
     /// Makes the lock on `key` disappear, as if its lease had run out
@@ -302,6 +321,7 @@ impl State {
                 !held.is_empty()
             });
             self.records.retain(|_, (_, expires)| *expires > now);
+            self.rwlocks.retain(|_, rw| rw.prune(now));
         }
     }
 
@@ -690,6 +710,63 @@ impl LockStore for MemoryStore {
             .release_permit(key, owner, now))
     }
 
+    async fn acquire_read(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        let now = Instant::now();
+        Ok(self
+            .lock_for(Operation::Acquire, key)?
+            .acquire_read(key, owner, lease, now))
+    }
+
+    async fn acquire_write(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        waiter: Option<&OwnerToken>,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        let now = Instant::now();
+        Ok(self
+            .lock_for(Operation::Acquire, key)?
+            .acquire_write(key, owner, waiter, lease, now))
+    }
+
+    async fn extend_rw(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        mode: RwMode,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        let now = Instant::now();
+        Ok(self
+            .lock_for(Operation::Extend, key)?
+            .extend_rw(key, owner, mode, lease, now))
+    }
+
+    async fn release_rw(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        mode: RwMode,
+    ) -> Result<bool, Error> {
+        let now = Instant::now();
+        Ok(self
+            .lock_for(Operation::Release, key)?
+            .release_rw(key, owner, mode, now))
+    }
+
+    async fn withdraw_writer(&self, key: &LockKey, waiter: &OwnerToken) -> Result<bool, Error> {
+        let now = Instant::now();
+        Ok(self
+            .lock_for(Operation::Release, key)?
+            .withdraw_writer(key, waiter, now))
+    }
+
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {
         let rx = {
             let mut st = self.lock_for(Operation::Subscribe, key)?;
@@ -728,6 +805,7 @@ impl Drop for Unwatch {
 }
 
 mod multi;
+mod rwlock;
 #[cfg(test)]
 mod semaphore_model;
 /// `bytes` as lowercase hex (a list cursor).

@@ -23,14 +23,17 @@
 //! | [`acquire_permit`](LockStore::acquire_permit) | grant one of `permits` permits of a key's semaphore (expired permits freed first) and mint its fencing token in the same step; else report when the soonest permit ends |
 //! | [`extend_permit`](LockStore::extend_permit), [`release_permit`](LockStore::release_permit) | as `extend` and `release`, for one permit |
 //! | [`acquire_all`](LockStore::acquire_all), [`release_all`](LockStore::release_all) | every key of a list or none (one atomic step where the store can; by default the keys in order, rolled back on the first held), and their release |
+//! | [`acquire_read`](LockStore::acquire_read), [`acquire_write`](LockStore::acquire_write) | grant a shared or the exclusive side of a key's reader-writer lock (a writer that finds it busy marks itself waiting, which stops new readers) |
+//! | [`extend_rw`](LockStore::extend_rw), [`release_rw`](LockStore::release_rw), [`withdraw_writer`](LockStore::withdraw_writer) | as `extend` and `release`, for one side; a waiting writer's mark taken back |
 //!
-//! A lease is of a [`LeaseKind`]: the lock of a key, or one permit of its
-//! semaphore. The kinds of one key are apart (a permit of `orders:42` and
-//! the lock `orders:42` never see each other) but share the key's fencing
-//! counter, so that tokens of either kind rise together. The permit
-//! methods have defaults that answer a [`ConfigError`](crate::ConfigError)
-//! ("not supported"), so a store without semaphores still compiles and
-//! says so clearly.
+//! A lease is of a [`LeaseKind`]: the lock of a key, one permit of its
+//! semaphore, or a read or the write hold of its reader-writer lock. The
+//! kinds of one key are apart (a permit of `orders:42` and the lock
+//! `orders:42` never see each other) but share the key's fencing counter,
+//! so that tokens of every kind rise together. The permit and
+//! reader-writer methods have defaults that answer a
+//! [`ConfigError`](crate::ConfigError) ("not supported"), so a store
+//! without them still compiles and says so clearly.
 //!
 //! Every store passes the same conformance suite (`tests/conformance.rs`).
 
@@ -50,9 +53,12 @@ pub(crate) mod memory;
 pub(crate) mod multi;
 pub(crate) mod redis;
 pub(crate) mod redlock;
+mod rwlock;
 
 pub use boxed::BoxStore;
 pub use multi::AcquireAllOutcome;
+pub use rwlock::RwMode;
+pub(crate) use rwlock::rw_unsupported;
 
 use crate::error::Operation;
 use holder::{ForcedRelease, HolderInfo, HolderLabel, HolderPage, ListCursor};
@@ -80,8 +86,9 @@ pub enum AcquireOutcome {
     Completed(Bytes),
 }
 
-/// What a lease holds: the lock of a key, or one permit of the key's
-/// semaphore. Renewals and releases go to the kind's own operation.
+/// What a lease holds: the lock of a key, one permit of the key's
+/// semaphore, or a side of its reader-writer lock. Renewals and releases
+/// go to the kind's own operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum LeaseKind {
@@ -90,6 +97,23 @@ pub enum LeaseKind {
     Lock,
     /// One permit of the key's semaphore ([`LockStore::acquire_permit`]).
     Permit,
+    /// A shared (read) hold of the key's reader-writer lock
+    /// ([`LockStore::acquire_read`]).
+    Read,
+    /// The exclusive (write) hold of the key's reader-writer lock
+    /// ([`LockStore::acquire_write`]).
+    Write,
+}
+
+impl LeaseKind {
+    /// The side of the reader-writer lock this kind holds, if it is one.
+    pub(crate) fn rw_mode(self) -> Option<RwMode> {
+        match self {
+            LeaseKind::Read => Some(RwMode::Read),
+            LeaseKind::Write => Some(RwMode::Write),
+            LeaseKind::Lock | LeaseKind::Permit => None,
+        }
+    }
 }
 
 /// One lease to renew in [`LockStore::extend_many`].
@@ -160,9 +184,10 @@ pub trait LockStore: Send + Sync + 'static {
         async move {
             let mut out = Vec::with_capacity(renewals.len());
             for r in renewals {
-                out.push(match r.kind {
-                    LeaseKind::Lock => self.extend(&r.key, &r.owner, r.lease).await,
-                    LeaseKind::Permit => self.extend_permit(&r.key, &r.owner, r.lease).await,
+                out.push(match (r.kind, r.kind.rw_mode()) {
+                    (_, Some(mode)) => self.extend_rw(&r.key, &r.owner, mode, r.lease).await,
+                    (LeaseKind::Permit, _) => self.extend_permit(&r.key, &r.owner, r.lease).await,
+                    _ => self.extend(&r.key, &r.owner, r.lease).await,
                 });
             }
             out
@@ -338,6 +363,98 @@ pub trait LockStore: Send + Sync + 'static {
         multi::release_each(self, keys, owner)
     }
 
+    /// Grants `owner` a shared (read) hold of `key`'s reader-writer lock
+    /// for `lease`, if no writer holds it and none waits (writers are
+    /// preferred: a waiting writer's mark stops new readers), or if
+    /// `owner` holds one already (its lease is reset). Expired readers and
+    /// lapsed writer marks are dropped first. The answer's token is the
+    /// key's epoch: the fencing counter as it stands (raised to the clock
+    /// where it is behind, never advanced past it), so at least every
+    /// earlier write grant's token and below every later one's. Otherwise
+    /// [`AcquireOutcome::Held`], with the writer's remaining lease or the
+    /// time until the waiting writers' marks lapse; the finding marks the
+    /// key as waited-for, as the lock does, so that the next release of
+    /// either side (or a writer's withdrawal) fires
+    /// [`subscribe`](LockStore::subscribe)'s watch.
+    ///
+    /// The default answers a [`ConfigError`](crate::ConfigError): not
+    /// supported.
+    fn acquire_read(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<AcquireOutcome, Error>> + Send {
+        let _ = (key, owner, lease);
+        async { Err(rw_unsupported()) }
+    }
+
+    /// Grants `owner` the exclusive (write) hold of `key`'s reader-writer
+    /// lock for `lease`, if nobody holds either side (or `owner` holds the
+    /// write side already: its lease is reset), minting its fencing token
+    /// from the key's counter in the same step, and taking back `waiter`'s
+    /// mark. Otherwise answers [`AcquireOutcome::Held`] (the writer's
+    /// remaining lease, or the time until the last reader's lease ends)
+    /// and, with a `waiter`, marks it as a writer waiting for `lease`:
+    /// while any such mark lasts, [`acquire_read`](LockStore::acquire_read)
+    /// grants nobody new. The engine keeps one `waiter` for all the tries
+    /// of one acquire, tries again (so refreshes the mark) at least every
+    /// lease/3, and takes the mark back with
+    /// [`withdraw_writer`](LockStore::withdraw_writer) when it gives up; a
+    /// try that does not wait passes no `waiter`.
+    ///
+    /// The default answers "not supported".
+    fn acquire_write(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        waiter: Option<&OwnerToken>,
+        lease: Duration,
+    ) -> impl Future<Output = Result<AcquireOutcome, Error>> + Send {
+        let _ = (key, owner, waiter, lease);
+        async { Err(rw_unsupported()) }
+    }
+
+    /// Resets the lease of `owner`'s `mode` hold of `key` to `lease`, if it
+    /// is still held and unexpired. `Ok(false)`: not held. The default
+    /// answers "not supported".
+    fn extend_rw(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        mode: RwMode,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        let _ = (key, owner, mode, lease);
+        async { Err(rw_unsupported()) }
+    }
+
+    /// Gives back `owner`'s `mode` hold of `key` and wakes the key's
+    /// waiters. `Ok(false)`: it was no longer held. The default answers
+    /// "not supported".
+    fn release_rw(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        mode: RwMode,
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        let _ = (key, owner, mode);
+        async { Err(rw_unsupported()) }
+    }
+
+    /// Takes back the mark of `waiter`, a writer that gave up waiting for
+    /// `key` (see [`acquire_write`](LockStore::acquire_write)), and wakes
+    /// the readers it held back. `Ok(false)`: there was no such mark. The
+    /// default answers "not supported".
+    fn withdraw_writer(
+        &self,
+        key: &LockKey,
+        waiter: &OwnerToken,
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        let _ = (key, waiter);
+        async { Err(rw_unsupported()) }
+    }
+
     /// [`acquire`](LockStore::acquire), or with `replay`
     /// [`acquire_or_replay`](LockStore::acquire_or_replay), that keeps
     /// `label` with the grant for [`inspect`](LockStore::inspect). The
@@ -422,6 +539,8 @@ pub(crate) async fn extend_lease<S: LockStore>(
     match kind {
         LeaseKind::Lock => store.extend(key, owner, lease).await,
         LeaseKind::Permit => store.extend_permit(key, owner, lease).await,
+        LeaseKind::Read => store.extend_rw(key, owner, RwMode::Read, lease).await,
+        LeaseKind::Write => store.extend_rw(key, owner, RwMode::Write, lease).await,
     }
 }
 
@@ -436,6 +555,8 @@ pub(crate) async fn release_lease<S: LockStore>(
     match kind {
         LeaseKind::Lock => store.release(key, owner).await,
         LeaseKind::Permit => store.release_permit(key, owner).await,
+        LeaseKind::Read => store.release_rw(key, owner, RwMode::Read).await,
+        LeaseKind::Write => store.release_rw(key, owner, RwMode::Write).await,
     }
 }
 

@@ -15,3 +15,4 @@ mod layer_nested;
 mod layer_safety;
 mod layer_stores;
 mod multi;
+mod rwlock;

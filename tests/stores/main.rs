@@ -19,6 +19,7 @@ mod operator;
 mod pubsub_leak;
 mod release_notice;
 mod replicas;
+mod rwlock;
 mod semaphore;
 mod sentinel;
 mod store_config;

@@ -68,6 +68,14 @@ impl RedisServer {
         keys
     }
 
+    /// The keys other than fencing counters (`…:fence`, which outlive the
+    /// locks by design): what a flood of released locks must not leave.
+    pub fn keys_besides_counters(&self) -> Vec<String> {
+        let mut keys = self.keys();
+        keys.retain(|k| !k.ends_with(":fence"));
+        keys
+    }
+
     /// Number of keys (`DBSIZE`).
     pub fn dbsize(&self) -> u64 {
         let reply = self.cmd(&["DBSIZE"]);

@@ -13,6 +13,13 @@ pub(super) const RELEASED: &str = "released";
 pub(super) const PERMITS: &str = "permits";
 /// The semaphore's waited-for mark (as [`WAITED`] is the lock's).
 pub(super) const PERMITS_WAITED: &str = "permits-waited";
+/// A key's reader-writer lock: its readers (a sorted set, owner -> lease
+/// end), its writer (the owner, expiring with the lease), the writers
+/// waiting (a sorted set, waiter -> mark end) and its waited-for mark.
+pub(super) const RW_READERS: &str = "rw-readers";
+pub(super) const RW_WRITER: &str = "rw-writer";
+pub(super) const RW_WAITING: &str = "rw-waiting";
+pub(super) const RW_WAITED: &str = "rw-waited";
 /// The holder record: the grant's token, server time and label, for
 /// operators (see acquire.lua); it lives exactly as long as the lock.
 pub(super) const HOLDER: &str = "holder";

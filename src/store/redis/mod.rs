@@ -24,6 +24,7 @@ use bytes::Bytes;
 use super::holder::{HolderInfo, HolderLabel, HolderPage, ListCursor};
 use super::{
     AcquireAllOutcome, AcquireOutcome, ForcedRelease, LeaseKind, LockStore, ReleaseWatch, Renewal,
+    RwMode,
 };
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
@@ -40,6 +41,7 @@ mod multi;
 mod notifier;
 mod operator;
 mod replicas;
+mod rwlock;
 mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
@@ -351,13 +353,18 @@ impl LockStore for RedisStore {
                 Argv::Int(ms(r.lease)),
                 Argv::Name(self.name(&r.key, HOLDER)),
             ];
-            let (script, name, args) = match r.kind {
-                LeaseKind::Lock => (&EXTEND, LOCK, self.extend_args(&args)),
-                LeaseKind::Permit => (&EXTEND_PERMIT, PERMITS, &args[..2]),
+            let (script, name, args) = match (r.kind, r.kind.rw_mode()) {
+                (LeaseKind::Permit, _) => (&EXTEND_PERMIT, PERMITS, &args[..2]),
+                // A reader is renewed as a permit is, the writer as a lock.
+                (_, Some(mode @ RwMode::Read)) => (&EXTEND_PERMIT, rwlock::side(mode), &args[..2]),
+                (_, Some(mode)) => (&EXTEND, rwlock::side(mode), &args[..2]),
+                _ => (&EXTEND, LOCK, self.extend_args(&args)),
             };
             pipe.add_command(evalsha(script, &[self.name(&r.key, name)], args));
         }
-        let permits = renewals.iter().any(|r| r.kind == LeaseKind::Permit);
+        let permits = renewals
+            .iter()
+            .any(|r| matches!(r.kind, LeaseKind::Permit | LeaseKind::Read));
         let key = (renewals.len() == 1).then(|| &renewals[0].key);
         let no_script = |a: &redis::RedisResult<i64>| matches!(a, Err(e) if is_no_script(e));
         let answers: Vec<redis::RedisResult<i64>> = match self
@@ -368,6 +375,7 @@ impl LockStore for RedisStore {
                     if permits {
                         EXTEND_PERMIT.load_async(&mut c).await?;
                     }
+
                     return pipe.query_async(&mut c).await;
                 }
                 Ok(answers)
@@ -455,6 +463,50 @@ impl LockStore for RedisStore {
 
     async fn release_all(&self, keys: &[LockKey], owner: &OwnerToken) -> Result<Vec<bool>, Error> {
         self.release_all_keys(keys, owner).await
+    }
+
+    async fn acquire_read(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        self.acquire_rw_script(key, owner, (RwMode::Read, None), lease)
+            .await
+    }
+
+    async fn acquire_write(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        waiter: Option<&OwnerToken>,
+        lease: Duration,
+    ) -> Result<AcquireOutcome, Error> {
+        self.acquire_rw_script(key, owner, (RwMode::Write, waiter), lease)
+            .await
+    }
+
+    async fn extend_rw(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        mode: RwMode,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        self.extend_rw_script(key, owner, mode, lease).await
+    }
+
+    async fn release_rw(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        mode: RwMode,
+    ) -> Result<bool, Error> {
+        self.release_rw_script(key, owner, mode).await
+    }
+
+    async fn withdraw_writer(&self, key: &LockKey, waiter: &OwnerToken) -> Result<bool, Error> {
+        self.withdraw_writer_script(key, waiter).await
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {

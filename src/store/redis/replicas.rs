@@ -136,6 +136,14 @@ impl Grant<'_> {
                 "return redis.call('ZSCORE', ARGV[1], ARGV[2]) and 1 or 0",
                 super::keys::PERMITS,
             ),
+            LeaseKind::Read => (
+                "return redis.call('ZSCORE', ARGV[1], ARGV[2]) and 1 or 0",
+                super::keys::RW_READERS,
+            ),
+            LeaseKind::Write => (
+                "return redis.call('GET', ARGV[1]) == ARGV[2] and 1 or 0",
+                super::keys::RW_WRITER,
+            ),
         };
         let mut c = redis::cmd("EVAL");
         c.arg(script)

@@ -48,7 +48,8 @@ const RELEASE_PERMIT_SRC: &str = include_str!("scripts/release_permit.lua");
 static ACQUIRE_PERMIT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_PERMIT_SRC));
 pub(super) static EXTEND_PERMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(EXTEND_PERMIT_SRC));
-static RELEASE_PERMIT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_PERMIT_SRC));
+pub(super) static RELEASE_PERMIT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(RELEASE_PERMIT_SRC));
 const RAISE_FENCE_SRC: &str = include_str!("scripts/raise_fence.lua");
 const ROLLBACK_SRC: &str = include_str!("scripts/rollback.lua");
 static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_SRC));
@@ -82,7 +83,7 @@ pub(super) fn source_of(script: &Script) -> &'static str {
     scripts
         .into_iter()
         .find(|(s, _)| std::ptr::eq(*s, script))
-        .map_or("", |(_, src)| src)
+        .map_or_else(|| super::rwlock::source_of(script), |(_, src)| src)
 }
 
 /// A connection a script can be loaded on where a call of it goes.
@@ -224,6 +225,35 @@ impl ScriptCall {
         }
         eval
     }
+}
+
+/// A grant script's answer (a permit's or a reader-writer lock's): `{1 or
+/// 3, token}` granted, `{0, ms}` held for that long.
+pub(super) fn grant_outcome(
+    key: &LockKey,
+    fencing: bool,
+    kind: i64,
+    value: redis::Value,
+    script: &str,
+) -> Result<AcquireOutcome, Error> {
+    let unexpected = || Error::Unavailable {
+        op: Operation::Acquire,
+        key: Some(key.clone()),
+        source: format!("unexpected reply from {script}").into(),
+    };
+    Ok(match (kind, value) {
+        (1 | 3, _) if !fencing => AcquireOutcome::GrantedUnfenced,
+        (1 | 3, redis::Value::BulkString(digits)) => AcquireOutcome::Granted(FencingToken::new(
+            std::str::from_utf8(&digits)
+                .ok()
+                .and_then(|d| d.parse().ok())
+                .ok_or_else(unexpected)?,
+        )),
+        (0, redis::Value::Int(n)) => AcquireOutcome::Held {
+            remaining: Some(Duration::from_millis(n.max(0) as u64)),
+        },
+        _ => return Err(unexpected()),
+    })
 }
 
 impl RedisStore {
@@ -396,26 +426,7 @@ impl RedisStore {
             owner,
         };
         let (kind, value) = self.run_grant(&call, grant).await?;
-        let unexpected = || Error::Unavailable {
-            op: Operation::Acquire,
-            key: Some(key.clone()),
-            source: "unexpected reply from the permit script".into(),
-        };
-        Ok(match (kind, value) {
-            (1 | 3, _) if !fencing => AcquireOutcome::GrantedUnfenced,
-            (1 | 3, redis::Value::BulkString(digits)) => {
-                AcquireOutcome::Granted(FencingToken::new(
-                    std::str::from_utf8(&digits)
-                        .ok()
-                        .and_then(|d| d.parse().ok())
-                        .ok_or_else(unexpected)?,
-                ))
-            }
-            (0, redis::Value::Int(n)) => AcquireOutcome::Held {
-                remaining: Some(Duration::from_millis(n.max(0) as u64)),
-            },
-            _ => return Err(unexpected()),
-        })
+        grant_outcome(key, fencing, kind, value, "the permit script")
     }
 
     /// The permit renewal (extend_permit.lua).
@@ -425,9 +436,34 @@ impl RedisStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<bool, Error> {
+        self.extend_by(&EXTEND_PERMIT, (key, PERMITS), owner, lease)
+            .await
+    }
+
+    /// The permit release (release_permit.lua).
+    pub(super) async fn release_permit_script(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+    ) -> Result<bool, Error> {
+        self.release_by(&RELEASE_PERMIT, (key, PERMITS, PERMITS_WAITED), owner)
+            .await
+    }
+
+    /// Renews `owner`'s hold kept in `key`'s name `name` with `script`:
+    /// extend_permit.lua for a member of a sorted set scored by its lease
+    /// end (a permit, a reader of a reader-writer lock), extend.lua for a
+    /// string holding the owner (a lock, a writer).
+    pub(super) async fn extend_by(
+        &self,
+        script: &'static Script,
+        (key, name): (&LockKey, &'static str),
+        owner: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, Error> {
         let call = ScriptCall::new(
-            &EXTEND_PERMIT,
-            &[self.name(key, PERMITS)],
+            script,
+            &[self.name(key, name)],
             &[Argv::Str(owner.as_str()), Argv::Int(ms(lease))],
         );
         let n: i64 = self
@@ -438,19 +474,24 @@ impl RedisStore {
         Ok(n == 1)
     }
 
-    /// The permit release (release_permit.lua).
-    pub(super) async fn release_permit_script(
+    /// Removes `owner`'s hold kept in `key`'s name `name` with `script`
+    /// and, if its waited-for `mark` was set, announces the release:
+    /// release_permit.lua for a member of a sorted set (a permit, a reader
+    /// of a reader-writer lock, a waiting writer's mark),
+    /// release_writer.lua for a writer.
+    pub(super) async fn release_by(
         &self,
-        key: &LockKey,
+        script: &'static Script,
+        (key, name, mark): (&LockKey, &'static str, &'static str),
         owner: &OwnerToken,
     ) -> Result<bool, Error> {
         let call = ScriptCall::new(
-            &RELEASE_PERMIT,
-            &[self.name(key, PERMITS)],
+            script,
+            &[self.name(key, name)],
             &[
                 Argv::Str(owner.as_str()),
                 Argv::Str(self.publish_command()),
-                Argv::Name(self.name(key, PERMITS_WAITED)),
+                Argv::Name(self.name(key, mark)),
                 Argv::Name(self.name(key, RELEASED)),
             ],
         );
