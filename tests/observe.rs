@@ -434,3 +434,20 @@ async fn a_permits_spans_name_their_kind() {
     settle().await;
     assert!(seen.one("lock.hold").closed, "the hold outlived its permit");
 }
+
+/// A reader-writer lock's spans name the side (`kind=read`, `kind=write`).
+#[tokio::test(start_paused = true)]
+async fn a_rwlocks_spans_name_their_side() {
+    let (seen, _guard) = Capture::install();
+    let locker = Locker::new(MemoryStore::new());
+    let rw = locker.rwlock(&key("3"));
+    rw.read().await.unwrap().release().await.unwrap();
+    rw.write().await.unwrap().release().await.unwrap();
+    settle().await;
+    let kinds: Vec<Option<String>> = seen
+        .named("lock.acquire")
+        .iter()
+        .map(|s| s.field("kind").map(str::to_owned))
+        .collect();
+    assert_eq!(kinds, [Some("read".to_owned()), Some("write".to_owned())]);
+}

@@ -807,6 +807,8 @@ impl Drop for Unwatch {
 mod multi;
 mod rwlock;
 #[cfg(test)]
+mod rwlock_model;
+#[cfg(test)]
 mod semaphore_model;
 /// `bytes` as lowercase hex (a list cursor).
 fn hex_encode(bytes: &[u8]) -> String {

@@ -67,6 +67,7 @@ fn instances<S: LockStore + Clone>(
         Router::new().route(
             "/docs/{doc}",
             get(handler.clone())
+                .options(handler.clone())
                 .put(handler.clone())
                 .post(handler.clone())
                 .delete(handler)
@@ -80,11 +81,13 @@ async fn reads_share_writes_are_alone<S: LockStore + Clone>(store: S) {
     let (gate, mut gates) = Gate::new();
     let (apps, _, _) = instances(store, Duration::ZERO, &gate, |b| b.read_write());
     let uri = "/docs/readme";
-    // Two reads, one per instance, at once.
+    // Three reads (the safe methods), over both instances, at once.
     let r1 = spawn_send(&apps[0], request(Method::GET, uri));
     let go1 = gates.started().await;
-    let r2 = spawn_send(&apps[1], request(Method::GET, uri));
+    let r2 = spawn_send(&apps[1], request(Method::HEAD, uri));
     let go2 = gates.started().await;
+    let r3 = spawn_send(&apps[1], request(Method::OPTIONS, uri));
+    let go3 = gates.started().await;
     // A write is refused while they read: 409, Retry-After, problem+json.
     for method in [Method::PUT, Method::POST, Method::DELETE] {
         let refused = send(&apps[1], request(method.clone(), uri)).await;
@@ -92,10 +95,12 @@ async fn reads_share_writes_are_alone<S: LockStore + Clone>(store: S) {
         assert!(refused.retry_after() >= 1, "{method}: {refused:?}");
     }
     assert!(gates.none_started(), "a write ran beside reads");
-    go1.send(()).unwrap();
-    go2.send(()).unwrap();
+    for go in [go1, go2, go3] {
+        go.send(()).unwrap();
+    }
     let (a, b) = (join(r1).await, join(r2).await);
     assert_eq!((a.status, b.status), (StatusCode::OK, StatusCode::OK));
+    assert_eq!(join(r3).await.status, StatusCode::OK);
 
     // A write alone; reads refused meanwhile.
     let w = spawn_send(&apps[0], request(Method::PUT, uri));
@@ -114,7 +119,7 @@ async fn reads_share_writes_are_alone<S: LockStore + Clone>(store: S) {
     assert_eq!(w.status, StatusCode::OK);
     // The write minted a token above the reads'; a later read carries it.
     assert!(w.fencing() > a.fencing().max(b.fencing()));
-    let r = spawn_send(&apps[1], request(Method::HEAD, uri));
+    let r = spawn_send(&apps[1], request(Method::GET, uri));
     gates.started().await.send(()).unwrap();
     let r = join(r).await;
     assert_eq!(r.status, StatusCode::OK);

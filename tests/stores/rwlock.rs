@@ -205,6 +205,47 @@ macro_rules! rwlock_suite {
                 assert!(!store.withdraw_writer(&k, &waiter).await.unwrap());
             }
 
+            /// An ended mark beside a longer one is dropped by the grant
+            /// (not only by the set's own expiry, which follows the
+            /// longest): once the longer writer withdraws, readers get in.
+            #[tokio::test]
+            async fn an_ended_mark_beside_a_longer_one_is_dropped() {
+                let (store, _keep) = $fixture;
+                let k = key("ended-mark");
+                let reader = OwnerToken::generate();
+                let long = Duration::from_secs(20);
+                store.acquire_read(&k, &reader, long).await.unwrap();
+                let short = Duration::from_millis(300);
+                let start = Instant::now();
+                let (a, a_waits) = (OwnerToken::generate(), OwnerToken::generate());
+                let (b, b_waits) = (OwnerToken::generate(), OwnerToken::generate());
+                let got = store
+                    .acquire_write(&k, &a, Some(&a_waits), short)
+                    .await
+                    .unwrap();
+                assert!(matches!(got, AcquireOutcome::Held { .. }), "{got:?}");
+                let got = store
+                    .acquire_write(&k, &b, Some(&b_waits), long)
+                    .await
+                    .unwrap();
+                assert!(matches!(got, AcquireOutcome::Held { .. }), "{got:?}");
+                // (The short mark's end passes.)
+                tokio::time::sleep_until((start + short * 2).into()).await;
+                let other = OwnerToken::generate();
+                let got = store.acquire_read(&k, &other, long).await.unwrap();
+                assert!(matches!(got, AcquireOutcome::Held { .. }), "{got:?}");
+                assert!(store.withdraw_writer(&k, &b_waits).await.unwrap());
+                let got = store.acquire_read(&k, &other, long).await.unwrap();
+                assert!(
+                    matches!(got, AcquireOutcome::Granted(_)),
+                    "an ended mark still kept readers out: {got:?}"
+                );
+                assert!(!store.withdraw_writer(&k, &a_waits).await.unwrap());
+                for r in [&reader, &other] {
+                    assert!(store.release_rw(&k, r, RwMode::Read).await.unwrap());
+                }
+            }
+
             /// Write grants mint rising tokens from the key's counter (the
             /// lock's too); a read carries the epoch: at least the last
             /// write's token, below the next write's.
@@ -629,4 +670,71 @@ async fn redis_rwlocks_survive_a_script_flush() {
     assert!(r.release().await.unwrap());
     server.cmd(&["SCRIPT", "FLUSH"]);
     assert!(w.release().await.unwrap());
+}
+
+/// A waiting writer's mark lasts a lease (the writer's, here 300 ms), and
+/// the writer's tries renew it every lease/3 while it waits, however long
+/// the reader in its way holds (10 s leases) and however rarely its locker
+/// polls otherwise (once an hour): new readers stay out for many of the
+/// writer's leases, then the writer goes first.
+async fn a_waiting_writers_mark_is_renewed_while_it_waits<S: LockStore + Clone>(store: S) {
+    let holder = locker(store.clone(), 10_000, 0);
+    let writer = Locker::builder(store.clone())
+        .lease(Duration::from_millis(300))
+        .wait_timeout(Duration::from_secs(30))
+        .poll_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let other = locker(store, 10_000, 0);
+    let k = key("mark-renewed");
+    let r = holder.rwlock(&k).try_read().await.unwrap();
+    let rw = writer.rwlock(&k);
+    let waiting = tokio::spawn(async move { rw.write().await });
+    assert!(eventually(Duration::from_secs(5), async || writer.has_waiters(&k)).await);
+    let from = Instant::now();
+    while from.elapsed() < Duration::from_millis(1_500) {
+        let err = other.rwlock(&k).try_read().await.map(drop).unwrap_err();
+        assert!(
+            err.is_contended(),
+            "a reader got in {:?} into the wait: {err}",
+            from.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    r.release().await.unwrap();
+    let w = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the writer was not granted")
+        .unwrap()
+        .unwrap();
+    w.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn memory_a_waiting_writers_mark_is_renewed_while_it_waits() {
+    a_waiting_writers_mark_is_renewed_while_it_waits(tower_redis_lock::MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn redis_a_waiting_writers_mark_is_renewed_while_it_waits() {
+    let (store, _server) = stores::redis();
+    a_waiting_writers_mark_is_renewed_while_it_waits(store).await;
+}
+
+/// A read's token is the key's counter as it stands, even far ahead of the
+/// clock (not advanced: the next write mints the one above it).
+#[tokio::test]
+async fn redis_a_reads_token_is_the_counter_and_the_next_write_above_it() {
+    let (store, server) = stores::redis();
+    let l = locker(store.clone(), 10_000, 0);
+    let k = key("counter");
+    let ahead: u64 = 9_000_000_000_000_000;
+    server.cmd(&["SET", &store.fence_key(&k), &ahead.to_string()]);
+    let rw = l.rwlock(&k);
+    let (r1, r2) = (rw.try_read().await.unwrap(), rw.try_read().await.unwrap());
+    assert_eq!(r1.fencing_token().unwrap().get(), ahead);
+    assert_eq!(r2.fencing_token().unwrap().get(), ahead);
+    drop((r1, r2));
+    let w = rw.write_within(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(w.fencing_token().unwrap().get(), ahead + 1);
 }

@@ -34,6 +34,12 @@ impl RwState {
         !(self.readers.is_empty() && self.writer.is_none() && self.waiting.is_empty())
     }
 
+    /// Whether nothing at all is in it, not even what ended.
+    #[cfg(test)]
+    pub(super) fn is_empty(&self) -> bool {
+        self.readers.is_empty() && self.writer.is_none() && self.waiting.is_empty()
+    }
+
     /// How many readers hold it (a test hook's answer).
     #[cfg(any(test, feature = "test-util"))]
     pub(super) fn readers(&self) -> usize {
