@@ -32,8 +32,9 @@ use support::topology::start_independent;
 use support::{RedisServer, Reply};
 
 use checks::{
-    attempt_overlaps, build_history, check_at_most, check_claims, check_exclusion, check_lost,
-    check_multi, check_progress, check_resource, check_tokens, keys,
+    History, attempt_overlaps, build_history, check_at_most, check_claims, check_exclusion,
+    check_lost, check_multi, check_progress, check_read_epochs, check_resource, check_tokens,
+    check_writer_alone, keys,
 };
 use faults::{Fault, FaultCounts, Links, Plan, Workers, inject_faults};
 use monitor::{MONITOR_END, monitor};
@@ -125,6 +126,9 @@ struct Run {
     /// Half the grants two keys at once (`Locker::acquire_all`), checked
     /// by `check_multi` beside every check of the lock.
     multi: bool,
+    /// The workers take reader-writer locks (see `WorkerSpec::rw`),
+    /// checked for a writer never beside another holder.
+    rw: bool,
 }
 
 impl Run {
@@ -137,6 +141,7 @@ impl Run {
             proxied: Proxies::None,
             min_progress: (MIN_GRANTS_PER_KEY, MIN_APPLIED_WRITES_PER_KEY),
             permits: 0,
+            rw: false,
             multi: false,
         }
     }
@@ -206,6 +211,7 @@ fn run_history_on(
         deadline_ns: mono_ns() + run.workload.as_nanos() as u64,
         permits: run.permits,
         multi: run.multi,
+        rw: run.rw,
         next_id: 1,
         running: Vec::new(),
         finished: Vec::new(),
@@ -269,7 +275,10 @@ fn run_history_on(
         }
     }
     let h = build_history(&pool.finished);
-    if run.permits == 0 {
+    if run.rw {
+        check_writer_alone(&h, &mut violations);
+        check_read_epochs(&h, &mut violations);
+    } else if run.permits == 0 {
         check_exclusion(&h, &mut violations);
         check_claims(&h, &mut violations);
         check_multi(&h, &mut violations);
@@ -278,13 +287,18 @@ fn run_history_on(
     }
     // (`lost`: another grant of the key means this one must have lapsed;
     // for a permit another grant is the normal case.)
-    let closest_lost = if run.permits == 0 {
+    let closest_lost = if run.permits == 0 && !run.rw {
         check_lost(&h, &pool.pauses, &mut violations)
     } else {
         None
     };
-    check_tokens(&h, &mut violations);
-    if run.permits == 0 {
+    // (Readers share their epoch: tokens are the writers' to mint.)
+    let minted = History {
+        grants: h.grants.iter().filter(|g| !g.shared).cloned().collect(),
+        ..History::default()
+    };
+    check_tokens(&minted, &mut violations);
+    if run.permits == 0 && !run.rw {
         check_resource(&h, &accepted, &finals, &mut violations);
     }
     check_progress(
@@ -440,6 +454,18 @@ fn history_semaphore_single_redis() {
 /// `history_semaphore_single_redis`.
 #[test]
 fn history_semaphore_nemesis() {
+    one_primary_nemesis(
+        "history_semaphore_nemesis",
+        Run {
+            permits: 2,
+            ..Run::processes()
+        },
+    );
+}
+
+/// `run`'s kind under the nemesis on one primary: 5 workers, each behind
+/// proxies of its own, 5 s, progress counted in grants.
+fn one_primary_nemesis(name: &str, run: Run) {
     let seed = seed();
     let lock = RedisServer::start();
     let workload = NEMESIS_WORKLOAD;
@@ -449,14 +475,42 @@ fn history_semaphore_nemesis() {
         plan: Plan::nemesis(&[]),
         proxied: Proxies::PerWorker,
         min_progress: ((workload.as_secs_f64() * 0.6) as usize, 0),
-        permits: 2,
-        multi: false,
+        ..run
     };
-    run_history(
-        "history_semaphore_nemesis",
-        seed,
-        std::slice::from_ref(&lock),
-        &run,
+    run_history(name, seed, std::slice::from_ref(&lock), &run);
+}
+
+/// The reader-writer lock: 5 workers, a third of their takes writes, on
+/// one Redis primary under the same faults (workers paused and killed,
+/// the server frozen): no writer ever relied on a key beside another
+/// holder (check `writer_alone`), reads carry the epoch of the writes
+/// around them (`read_epochs`), writers' tokens unique and rising per key
+/// (`tokens`), progress.
+#[test]
+fn history_rwlock_single_redis() {
+    let seed = seed();
+    let lock = RedisServer::start();
+    let lock = std::slice::from_ref(&lock);
+    let run = Run {
+        workers: 5,
+        min_progress: (MIN_GRANTS_PER_KEY, 0),
+        rw: true,
+        ..Run::processes()
+    };
+    run_history("history_rwlock_single_redis", seed, lock, &run);
+}
+
+/// The reader-writer lock under the nemesis (each worker behind proxies of
+/// its own, its links broken; worker pauses and kills): 5 workers, one
+/// primary, 5 s; checks as `history_rwlock_single_redis`.
+#[test]
+fn history_rwlock_nemesis() {
+    one_primary_nemesis(
+        "history_rwlock_nemesis",
+        Run {
+            rw: true,
+            ..Run::processes()
+        },
     );
 }
 
@@ -529,6 +583,7 @@ fn history_nemesis() {
         min_progress: ((per_second * 0.6) as usize, (per_second * 0.3) as usize),
         permits: 0,
         multi: false,
+        rw: false,
     };
     let stores: Vec<&str> = match store.as_deref() {
         Some(s) => vec![s],
@@ -622,6 +677,7 @@ fn history_nemesis_cluster() {
         proxied: Proxies::Shared,
         permits: 0,
         multi: false,
+        rw: false,
         // Half of what is asked of one primary: a fault here cuts a node
         // off from every worker at once (3-14 grants per key in 5 s).
         min_progress: ((per_second * 0.4) as usize, (per_second * 0.2) as usize),
@@ -679,6 +735,7 @@ fn history_nemesis_sentinel() {
         proxied: Proxies::PerWorker,
         permits: 0,
         multi: false,
+        rw: false,
         min_progress: ((per_second * 0.6) as usize, (per_second * 0.3) as usize),
     };
     nemesis_behind_sentinel("history_nemesis_sentinel", seed, &run);

@@ -78,6 +78,8 @@ pub struct GrantView {
     pub worker: u32,
     /// How it was used (`Short`, `Long`, `Expire`).
     pub style: String,
+    /// A read of a reader-writer lock (the others are exclusive).
+    pub shared: bool,
     /// The events that matter for messages.
     pub grant_line: String,
     pub last_held_line: Option<String>,
@@ -150,6 +152,7 @@ pub fn build_history(finished: &[(u32, PathBuf, Option<ExitStatus>)]) -> History
                         lost_at: None,
                         worker: *id,
                         style: e.get("style").to_owned(),
+                        shared: e.get("shared") == "1",
                         grant_line: e.origin.clone(),
                         last_held_line: None,
                     };
@@ -262,6 +265,61 @@ pub fn check_at_most(h: &History, permits: usize, violations: &mut Vec<String>) 
                     "at_most: {key}: {} holders of {permits} permits at {t} ns\n{who}",
                     holding.len()
                 ));
+            }
+        }
+    }
+}
+
+/// Check 1 for a reader-writer lock: no writer relied on a key while any
+/// other holder, reader or writer, relied on it (each from the moment it
+/// knew it held to its last look that said held).
+pub fn check_writer_alone(h: &History, violations: &mut Vec<String>) {
+    for key in keys() {
+        let grants: Vec<(&GrantView, (u64, u64))> = h
+            .grants
+            .iter()
+            .filter(|g| g.key == key)
+            .filter_map(|g| g.reliance().map(|r| (g, r)))
+            .collect();
+        for (w, (ws, we)) in grants.iter().filter(|(g, _)| !g.shared) {
+            for (o, (os, oe)) in &grants {
+                if o.id != w.id && os < we && ws < oe {
+                    violations.push(format!(
+                        "writer_alone: {key}: writer {} and {} {} relied on it at once\n{}{}",
+                        w.id,
+                        if o.shared { "reader" } else { "writer" },
+                        o.id,
+                        w.describe(),
+                        o.describe()
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// The reads' tokens of a reader-writer lock: each at least the token of
+/// every write granted before the read was asked for, and below the token
+/// of every write asked for after the read was granted.
+pub fn check_read_epochs(h: &History, violations: &mut Vec<String>) {
+    for key in keys() {
+        let of_key = || h.grants.iter().filter(|g| g.key == key);
+        for r in of_key().filter(|g| g.shared) {
+            for w in of_key().filter(|g| !g.shared) {
+                let behind = w.granted < r.attempt && r.token < w.token;
+                let ahead = r.granted < w.attempt && r.token >= w.token;
+                if behind || ahead {
+                    violations.push(format!(
+                        "read_epochs: {key}: read {} (token {}) {} write {} (token {})\n{}{}",
+                        r.id,
+                        r.token,
+                        if behind { "after" } else { "before" },
+                        w.id,
+                        w.token,
+                        r.describe(),
+                        w.describe()
+                    ));
+                }
             }
         }
     }

@@ -27,6 +27,8 @@ pub struct Workers {
     pub permits: u32,
     /// Half the grants two keys at once; see `WorkerSpec::multi`.
     pub multi: bool,
+    /// Reader-writer locks; see `WorkerSpec::rw`.
+    pub rw: bool,
     pub next_id: u32,
     pub running: Vec<Worker>,
     pub finished: Vec<(u32, PathBuf, Option<ExitStatus>)>,
@@ -147,6 +149,7 @@ impl Workers {
             deadline_ns: self.deadline_ns,
             permits: self.permits,
             multi: self.multi,
+            rw: self.rw,
         };
         let out = File::create(self.dir.join(format!("worker-{id}.out"))).unwrap();
         let mut cmd = Command::new(&self.exe);

@@ -86,6 +86,9 @@ pub struct WorkerSpec {
     pub permits: u32,
     /// Half the grants two keys at once (`multi_worker.rs`).
     pub multi: bool,
+    /// The workers take each key's reader-writer lock, a third of the
+    /// time to write (and write nothing to the resource).
+    pub rw: bool,
 }
 
 /// How a worker behind Sentinel finds the primary.
@@ -100,7 +103,7 @@ pub struct SentinelSpec {
 impl WorkerSpec {
     pub fn encode(&self) -> String {
         let mut text = format!(
-            "id={};seed={};locks={};cluster={};resource={};log={};deadline={};permits={};multi={}",
+            "id={};seed={};locks={};cluster={};resource={};log={};deadline={};permits={};multi={};rw={}",
             self.id,
             self.seed,
             self.lock_urls.join(","),
@@ -109,7 +112,8 @@ impl WorkerSpec {
             self.log.display(),
             self.deadline_ns,
             self.permits,
-            u8::from(self.multi)
+            u8::from(self.multi),
+            u8::from(self.rw)
         );
         if let Some(s) = &self.sentinel {
             text += &format!(
@@ -147,6 +151,7 @@ impl WorkerSpec {
             deadline_ns: field("deadline").parse().unwrap(),
             permits: field("permits").parse().unwrap(),
             multi: field("multi") == "1",
+            rw: field("rw") == "1",
         }
     }
 }
@@ -274,7 +279,18 @@ pub async fn worker_loop<S: LockStore + Clone>(spec: &WorkerSpec, log: &mut Even
             &normal
         };
         log.event(mono_ns(), "ATTEMPT", format_args!("key=k{k}"));
+        // (Drawn only for a reader-writer history: the others' draws stay
+        // as they were for a seed.)
+        let write = spec.rw && rng.u32(..3) == 0;
         let take = async {
+            if spec.rw {
+                let rw = locker.rwlock(&key);
+                return if write {
+                    rw.write().await
+                } else {
+                    rw.read().await
+                };
+            }
             match spec.permits {
                 0 => locker.acquire(&key).await,
                 n => locker.semaphore(&key, n)?.acquire().await,
@@ -315,10 +331,11 @@ pub async fn worker_loop<S: LockStore + Clone>(spec: &WorkerSpec, log: &mut Even
             t,
             "GRANT",
             format_args!(
-                "key={} grant={} token={} attempt={attempt} style={style:?}",
+                "key={} grant={} token={} attempt={attempt} style={style:?} shared={}",
                 grant.key,
                 grant.id,
-                guard.fencing_token().unwrap().get()
+                guard.fencing_token().unwrap().get(),
+                u8::from(spec.rw && !write)
             ),
         );
         // `lost()` watched from the grant to its giving back: the time it
@@ -439,7 +456,7 @@ impl Grant {
         conn: &mut redis::aio::MultiplexedConnection,
         writes: &mut u32,
     ) {
-        if spec.permits == 0 {
+        if spec.permits == 0 && !spec.rw {
             self.write(log, guard, conn, writes).await;
         }
     }
