@@ -17,6 +17,9 @@
 //!      -d '{"from":"A-1","to":"B-7","cents":500}' &            # 200 after 5 s
 //! curl -i -X POST localhost:3000/transfers -H 'content-type: application/json' \
 //!      -d '{"from":"B-7","to":"A-1","cents":100}'              # 409 + Retry-After
+//! curl -si 'localhost:3000/docs/readme?work_ms=5000' &         # reads run side by side:
+//! curl -si 'localhost:3000/docs/readme?work_ms=5000' &         # two 200s after 5 s
+//! curl -si -X PUT 'localhost:3000/docs/readme'                 # 409 + Retry-After
 //! ```
 //!
 //! Routes:
@@ -39,6 +42,12 @@
 //!   [..]}` with one `fencing-token` header value per account, in key
 //!   order. A transfer touching either account while it runs, in either
 //!   direction, gets `409` `application/problem+json` with `Retry-After`.
+//! * `GET /docs/{doc}?work_ms=N` and `PUT /docs/{doc}?work_ms=N` take the
+//!   document's reader-writer lock: reads (GET) share it and run side by
+//!   side, a write (PUT) runs alone and goes before reads that arrive while
+//!   it waits. Each answers like a job; a write while reads run (or a read
+//!   while a write runs) gets `409` with `Retry-After`. A read's token is
+//!   the epoch of the last write.
 //! * `GET /healthz` answers `200 ok`, outside the lock layer.
 //!
 //! Environment:
@@ -89,6 +98,8 @@ pub const MAX_WORK: Duration = Duration::from_secs(60);
 pub const NAMESPACE: &str = "jobs";
 /// Namespace of the export permits.
 pub const EXPORTS: &str = "exports";
+/// Namespace of the documents' reader-writer locks.
+pub const DOCS: &str = "docs";
 /// Exports that may run at once per tenant.
 pub const EXPORTS_PER_TENANT: u32 = 2;
 /// Namespace of the account locks a transfer takes.
@@ -103,7 +114,8 @@ pub const DEFAULT_TIMEOUTS: Timeouts = Timeouts {
 
 /// The demo's routes around `locker`: `POST /jobs/{id}` under the lock
 /// layer, `POST /tenants/{tenant}/export` under a concurrency limit,
-/// `GET /healthz` outside both.
+/// `GET` and `PUT /docs/{doc}` under a reader-writer lock, `GET /healthz`
+/// outside them.
 pub fn app<St: LockStore>(locker: Locker<St>) -> Router {
     let exports = LockLayer::builder(locker.clone(), KeyFrom::path_param::<String>("tenant"))
         .namespace(EXPORTS)
@@ -120,6 +132,11 @@ pub fn app<St: LockStore>(locker: Locker<St>) -> Router {
     .namespace(ACCOUNTS)
     .build()
     .expect("the demo's transfer lock settings are valid");
+    let docs = LockLayer::builder(locker.clone(), KeyFrom::path_param::<String>("doc"))
+        .namespace(DOCS)
+        .read_write()
+        .build()
+        .expect("the demo's reader-writer settings are valid");
     let layer = LockLayer::builder(locker, KeyFrom::path_param::<String>("id"))
         .namespace(NAMESPACE)
         .build()
@@ -138,6 +155,7 @@ pub fn app<St: LockStore>(locker: Locker<St>) -> Router {
             post(run_job).route_layer(exports),
         )
         .route("/transfers", post(transfer).route_layer(accounts))
+        .route("/docs/{doc}", get(run_job).put(run_job).route_layer(docs))
         .route("/healthz", get(healthz))
 }
 
@@ -171,7 +189,8 @@ async fn transfer(
 }
 
 /// Runs under the lock the layer took for `{id}` (or, as an export, under
-/// one of the tenant's permits).
+/// one of the tenant's permits; for a document, a read or the write of its
+/// reader-writer lock).
 async fn run_job(
     Path(id): Path<String>,
     Query(query): Query<HashMap<String, String>>,

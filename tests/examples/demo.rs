@@ -427,6 +427,59 @@ async fn export_limit_with_redis() {
     );
 }
 
+/// The documents' route: two reads run side by side, a write while they
+/// run is refused with 409 and Retry-After, then runs alone with a token
+/// above the reads'; a read after it carries its token at least.
+async fn doc_read_write<St: LockStore>(locker: Locker<St>) {
+    let server = Server::start(locker.clone()).await;
+    let long = "/docs/readme?work_ms=4000";
+    let spawn = |method: Method, path: &'static str| {
+        let addr = server.addr;
+        tokio::spawn(async move { send(addr, method, path).await })
+    };
+    let (a, b) = (spawn(Method::GET, long), spawn(Method::GET, long));
+    until("two reads hold the document", || locker.renewing() == 2).await;
+    let write = send(server.addr, Method::PUT, "/docs/readme?work_ms=0").await;
+    assert_eq!(write.status, StatusCode::CONFLICT, "{write:?}");
+    assert_eq!(
+        write.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert!(write.header("retry-after").is_some(), "{write:?}");
+    let other = send(server.addr, Method::PUT, "/docs/other?work_ms=0").await;
+    job_ok(&other, "other");
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    let read = job_ok(&a, "readme").max(job_ok(&b, "readme"));
+    until("both reads are released", || locker.renewing() == 0).await;
+    let write = send(server.addr, Method::PUT, "/docs/readme?work_ms=0").await;
+    let written = job_ok(&write, "readme");
+    assert!(written > read, "write {written} after reads up to {read}");
+    let after = server.get("/docs/readme?work_ms=0").await;
+    assert!(job_ok(&after, "readme") >= written);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doc_read_write_with_memory_store() {
+    doc_read_write(demo_locker(MemoryStore::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doc_read_write_with_redis() {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .expect("redis-server");
+    let store = RedisStore::from_url(&server.url()).expect("store");
+    doc_read_write(demo_locker(store)).await;
+    let keys = tokio::task::spawn_blocking(move || {
+        let keys = server.keys_besides_counters();
+        drop(server);
+        keys
+    })
+    .await
+    .expect("keys");
+    assert!(keys.is_empty(), "left behind: {keys:?}");
+}
+
 // ---------------------------------------------------------------------------
 // Slow and silent clients
 // ---------------------------------------------------------------------------
