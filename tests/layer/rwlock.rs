@@ -257,3 +257,61 @@ fn bad_settings_are_refused_by_build() {
     assert_eq!(err.setting(), "contention_status");
     assert!(layer().build().is_ok());
 }
+
+/// Two reader-writer layers on one key (a layer inside a layer): a read
+/// inside a write re-enters the write (one token, one release); a write
+/// inside a read is refused at once as misconfigured (500), never a wait
+/// for itself, and leaves nothing held.
+#[tokio::test]
+async fn nested_layers_reenter_down_and_refuse_an_upgrade() {
+    let store = MemoryStore::new();
+    let locker = Locker::builder(store.clone())
+        .wait_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let layer = |mode: RwMode| {
+        LockLayer::builder(locker.clone(), KeyFrom::path_param::<String>("doc"))
+            .namespace("docs")
+            .read_write_by(move |_: &Method| mode)
+            .build()
+            .unwrap()
+    };
+    let route = |outer: RwMode, inner: RwMode| {
+        Router::new()
+            .route(
+                "/docs/{doc}",
+                get(|guard: LockGuard| async move {
+                    guard.fencing_token().unwrap().get().to_string()
+                }),
+            )
+            .layer(layer(inner))
+            .layer(layer(outer))
+    };
+    let read_in_write = send(
+        &route(RwMode::Write, RwMode::Read),
+        request(Method::GET, "/docs/a"),
+    )
+    .await;
+    assert_eq!(read_in_write.status, StatusCode::OK, "{read_in_write:?}");
+    assert_eq!(read_in_write.text(), read_in_write.fencing().to_string());
+    assert_eq!(
+        store.rw_held(&tower_redis_lock::LockKey::new("docs", "a").unwrap()),
+        (0, false, 0)
+    );
+
+    let started = std::time::Instant::now();
+    let upgrade = send(
+        &route(RwMode::Read, RwMode::Write),
+        request(Method::GET, "/docs/a"),
+    )
+    .await;
+    upgrade.problem(StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "it waited for itself"
+    );
+    assert_eq!(
+        store.rw_held(&tower_redis_lock::LockKey::new("docs", "a").unwrap()),
+        (0, false, 0)
+    );
+}
