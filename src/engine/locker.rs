@@ -274,8 +274,9 @@ impl<S: LockStore> Locker<S> {
         self.inner.store.instance_id()
     }
 
-    /// Whether a task of this locker is waiting for `key` (its lock, or a
-    /// permit of its [`Semaphore`](crate::Semaphore)) right now.
+    /// Whether a task of this locker is waiting for `key` (its lock, a
+    /// permit of its [`Semaphore`](crate::Semaphore), or either side of
+    /// its [`ReadWriteLock`](crate::ReadWriteLock)) right now.
     ///
     /// A test hook (feature `test-util`): tests wait for a waiter to be
     /// queued.

@@ -270,9 +270,10 @@ pub trait LockStore: Send + Sync + 'static {
     /// release only when an acquire that found the lock held marked it as
     /// waited-for, and the try after subscribing does).
     ///
-    /// One watch serves both kinds of lease of `key`: it fires on a release
-    /// of the key's lock and of any of its permits (a waiter of the other
-    /// kind just tries again).
+    /// One watch serves every kind of lease of `key`: it fires on a release
+    /// of the key's lock, of any of its permits, of either side of its
+    /// reader-writer lock and on a waiting writer's withdrawal (a waiter of
+    /// another kind just tries again).
     fn subscribe(&self, key: &LockKey) -> impl Future<Output = Result<ReleaseWatch, Error>> + Send;
 
     /// Grants `owner` one of `permits` permits of `key`'s semaphore for

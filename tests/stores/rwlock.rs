@@ -613,21 +613,22 @@ async fn redlock_says_rwlocks_are_not_supported() {
 /// during, after the grant, while a writer waits) and guards dropped at
 /// once leave nothing behind: each attempt whose answer was not taken is
 /// released, and each mark taken back, in the background, long before
-/// their 30 s leases would end.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_dropped_acquires_and_guards_leave_nothing() {
-    let (store, server) = stores::redis();
-    let l = locker(store.clone(), 30_000, 2_000);
+/// their 30 s leases would end. `empty` says whether the store keeps
+/// nothing of the key.
+async fn dropped_acquires_and_guards_leave_nothing<S: LockStore + Clone>(
+    store: S,
+    mut empty: impl AsyncFnMut() -> bool,
+) {
+    let l = locker(store, 30_000, 2_000);
     let k = key("dropped");
     let rw = l.rwlock(&k);
     for round in 0..80u64 {
         let cut = Duration::from_micros(round * 37 % 1_500);
-        // Some rounds with a reader holding, so that writers wait.
-        let reader = (round % 3 == 0).then(|| rw.clone());
-        let held = match reader {
-            // (What the last round dropped is given back in the background.)
-            Some(r) => Some(r.read_within(Duration::from_secs(5)).await.unwrap()),
-            None => None,
+        // Every third round with a reader holding, so that writers wait.
+        // (What the last round dropped is given back in the background.)
+        let held = match round % 3 {
+            0 => Some(rw.read_within(Duration::from_secs(5)).await.unwrap()),
+            _ => None,
         };
         let res = if round % 2 == 0 {
             tokio::time::timeout(cut, rw.write()).await
@@ -642,14 +643,26 @@ async fn redis_dropped_acquires_and_guards_leave_nothing() {
         drop(held);
     }
     assert!(
-        eventually(Duration::from_secs(5), async || server
-            .keys_besides_counters()
-            .is_empty())
-        .await,
-        "left behind: {:?}",
-        server.keys_besides_counters()
+        eventually(Duration::from_secs(5), async || empty().await).await,
+        "the key's reader-writer lock was left behind"
     );
     assert!(eventually(Duration::from_secs(5), async || l.status().renewing == 0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_dropped_acquires_and_guards_leave_nothing() {
+    let (store, server) = stores::redis();
+    dropped_acquires_and_guards_leave_nothing(store, async || {
+        server.keys_besides_counters().is_empty()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_dropped_acquires_and_guards_leave_nothing() {
+    let store = tower_redis_lock::MemoryStore::new();
+    let watched = store.clone();
+    dropped_acquires_and_guards_leave_nothing(store, async || watched.keys_kept() == 0).await;
 }
 
 /// The reader-writer scripts come back after the server forgets its
