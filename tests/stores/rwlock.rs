@@ -749,3 +749,69 @@ async fn redis_a_reads_token_is_the_counter_and_the_next_write_above_it() {
     let w = rw.write_within(Duration::from_secs(5)).await.unwrap();
     assert_eq!(w.fencing_token().unwrap().get(), ahead + 1);
 }
+
+/// Read and write grants go through the replica confirmation as every
+/// kind's does: on a primary with a replica, `wait_replicas` confirms a
+/// read the replica has; with the replica frozen, a write (and a read) is
+/// refused (`Unavailable`) and taken back, owner-checked: the read held
+/// beside it stays, and nothing else is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_grants_are_confirmed_by_replicas_and_unconfirmed_ones_taken_back() {
+    let primary = support::RedisServer::start();
+    let port = primary.port().to_string();
+    let replica = support::RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    assert!(
+        support::wait_until(Duration::from_secs(10), || replica
+            .cmd(&["INFO", "replication"])
+            .as_string()
+            .unwrap_or_default()
+            .contains("master_link_status:up")),
+        "the replica never linked"
+    );
+    let store = tower_redis_lock::RedisStore::builder(&primary.url())
+        .command_timeout(Duration::from_secs(4))
+        .wait_replicas(
+            1,
+            Duration::from_secs(2),
+            tower_redis_lock::ReplicaShortfall::Fail,
+        )
+        .build()
+        .unwrap();
+    let l = Locker::new(store.clone());
+    let k = key("replicas");
+    let [readers, writer, _] = store.rw_keys(&k);
+    let held = l.rwlock(&k).try_read().await.unwrap();
+    assert_eq!(replica.cmd(&["ZCARD", &readers]).as_int(), Some(1));
+    replica.freeze();
+    let refused = |res: Result<tower_redis_lock::LockGuard, Error>| match res {
+        Err(Error::Unavailable { source, .. }) => {
+            assert!(
+                source.to_string().contains("replicas acknowledged"),
+                "{source}"
+            )
+        }
+        other => panic!("{other:?}"),
+    };
+    refused(l.rwlock(&k).try_read().await);
+    assert_eq!(
+        primary.cmd(&["ZCARD", &readers]).as_int(),
+        Some(1),
+        "the refused read was kept"
+    );
+    drop(held);
+    assert!(
+        eventually(Duration::from_secs(5), async || primary
+            .cmd(&["EXISTS", &readers])
+            .as_int()
+            == Some(0))
+        .await
+    );
+    refused(l.rwlock(&k).try_write().await);
+    assert_eq!(
+        primary.cmd(&["EXISTS", &writer]).as_int(),
+        Some(0),
+        "the refused write was kept"
+    );
+    replica.thaw();
+    assert!(l.rwlock(&k).try_write().await.is_ok());
+}
