@@ -56,7 +56,7 @@ fn kind_label(kind: LeaseKind) -> &'static str {
 /// the lock was found held at least once.
 pub(crate) fn acquired(
     span: &Span,
-    key: &LockKey,
+    (key, kind): (&LockKey, LeaseKind),
     waited: Duration,
     contended: bool,
     result: &Result<Outcome, &Error>,
@@ -81,17 +81,20 @@ pub(crate) fn acquired(
     #[cfg(feature = "metrics")]
     {
         let ns = key.namespace().to_owned();
-        ::metrics::counter!(name::ACQUIRES, "namespace" => ns.clone(), "outcome" => outcome)
+        let kind = kind_label(kind);
+        ::metrics::counter!(name::ACQUIRES, "namespace" => ns.clone(), "kind" => kind, "outcome" => outcome)
             .increment(1);
-        ::metrics::histogram!(name::ACQUIRE_DURATION, "namespace" => ns.clone(), "outcome" => outcome)
+        ::metrics::histogram!(name::ACQUIRE_DURATION, "namespace" => ns.clone(), "kind" => kind, "outcome" => outcome)
             .record(waited.as_secs_f64());
         if contended {
-            ::metrics::counter!(name::CONTENDED, "namespace" => ns.clone()).increment(1);
-            ::metrics::histogram!(name::WAIT, "namespace" => ns).record(waited.as_secs_f64());
+            ::metrics::counter!(name::CONTENDED, "namespace" => ns.clone(), "kind" => kind)
+                .increment(1);
+            ::metrics::histogram!(name::WAIT, "namespace" => ns, "kind" => kind)
+                .record(waited.as_secs_f64());
         }
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = key;
+    let _ = (key, kind);
 }
 
 /// How an acquire that did not fail ended.
@@ -138,15 +141,19 @@ pub(crate) fn release_span(hold: &OnceLock<Span>, key: &LockKey, op: &'static st
 }
 
 /// A lease flipped to lost (`reason`: "not_owner", "expired" or "stopped").
-pub(crate) fn lost(hold: &OnceLock<Span>, key: &LockKey, reason: &'static str) {
+pub(crate) fn lost(
+    hold: &OnceLock<Span>,
+    (key, kind): (&LockKey, LeaseKind),
+    reason: &'static str,
+) {
     if let Some(span) = hold.get() {
         span.record("outcome", "lost");
     }
     #[cfg(feature = "metrics")]
-    ::metrics::counter!(name::LOST, "namespace" => key.namespace().to_owned(), "reason" => reason)
+    ::metrics::counter!(name::LOST, "namespace" => key.namespace().to_owned(), "kind" => kind_label(kind), "reason" => reason)
         .increment(1);
     #[cfg(not(feature = "metrics"))]
-    let _ = (key, reason);
+    let _ = (key, kind, reason);
 }
 
 /// A renewal answered "extended", `lag` after it was due.

@@ -201,27 +201,34 @@ async fn acquires_count_by_outcome_with_latency_wait_and_contention() {
 
     let first = locker.acquire(&key("1")).await.unwrap();
     assert_eq!(
-        m.counter("trl_acquires_total{namespace=orders,outcome=granted}"),
+        m.counter("trl_acquires_total{namespace=orders,kind=lock,outcome=granted}"),
         1
     );
-    let latency = m.samples("trl_acquire_duration_seconds{namespace=orders,outcome=granted}");
+    let latency =
+        m.samples("trl_acquire_duration_seconds{namespace=orders,kind=lock,outcome=granted}");
     assert_eq!(latency, [0.0], "paused clock: no time passed");
-    assert_eq!(m.counter("trl_contended_total{namespace=orders}"), 0);
+    assert_eq!(
+        m.counter("trl_contended_total{namespace=orders,kind=lock}"),
+        0
+    );
 
     // Refused at once, then after a full wait.
     assert!(locker.try_acquire(&key("1")).await.is_err());
     assert!(locker.acquire(&key("1")).await.is_err());
     assert_eq!(
-        m.counter("trl_acquires_total{namespace=orders,outcome=contended}"),
+        m.counter("trl_acquires_total{namespace=orders,kind=lock,outcome=contended}"),
         1
     );
     assert_eq!(
-        m.counter("trl_acquires_total{namespace=orders,outcome=timeout}"),
+        m.counter("trl_acquires_total{namespace=orders,kind=lock,outcome=timeout}"),
         1
     );
-    assert_eq!(m.counter("trl_contended_total{namespace=orders}"), 2);
     assert_eq!(
-        m.samples("trl_acquire_wait_seconds{namespace=orders}"),
+        m.counter("trl_contended_total{namespace=orders,kind=lock}"),
+        2
+    );
+    assert_eq!(
+        m.samples("trl_acquire_wait_seconds{namespace=orders,kind=lock}"),
         [0.0, 1.0]
     );
 
@@ -234,12 +241,15 @@ async fn acquires_count_by_outcome_with_latency_wait_and_contention() {
     first.release().await.unwrap();
     let second = waiter.await.unwrap().unwrap();
     assert_eq!(
-        m.counter("trl_acquires_total{namespace=orders,outcome=granted}"),
+        m.counter("trl_acquires_total{namespace=orders,kind=lock,outcome=granted}"),
         2
     );
-    assert_eq!(m.counter("trl_contended_total{namespace=orders}"), 3);
     assert_eq!(
-        m.samples("trl_acquire_wait_seconds{namespace=orders}"),
+        m.counter("trl_contended_total{namespace=orders,kind=lock}"),
+        3
+    );
+    assert_eq!(
+        m.samples("trl_acquire_wait_seconds{namespace=orders,kind=lock}"),
         [0.0, 1.0, 0.25]
     );
 
@@ -248,9 +258,48 @@ async fn acquires_count_by_outcome_with_latency_wait_and_contention() {
         .scope(async { locker.acquire(&key("1")).await.unwrap() })
         .await;
     assert_eq!(
-        m.counter("trl_acquires_total{namespace=orders,outcome=reentered}"),
+        m.counter("trl_acquires_total{namespace=orders,kind=lock,outcome=reentered}"),
         1
     );
+}
+
+/// Each lease kind is counted under its own `kind`: a semaphore's permits,
+/// a reader-writer lock's reads and writes apart from the key's lock.
+#[tokio::test(start_paused = true)]
+async fn acquires_are_counted_by_lease_kind() {
+    let m = Recorded::default();
+    let _r = install(&m);
+    let locker = Locker::new(MemoryStore::new());
+    let lock = locker.acquire(&key("k")).await.unwrap();
+    let permit = locker
+        .semaphore(&key("k"), 2)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap();
+    let rw = locker.rwlock(&key("k"));
+    let read = rw.try_read().await.unwrap();
+    assert!(rw.try_write().await.is_err());
+    for (kind, outcome, n) in [
+        ("lock", "granted", 1),
+        ("permit", "granted", 1),
+        ("read", "granted", 1),
+        ("write", "contended", 1),
+        ("write", "granted", 0),
+    ] {
+        assert_eq!(
+            m.counter(&format!(
+                "trl_acquires_total{{namespace=orders,kind={kind},outcome={outcome}}}"
+            )),
+            n,
+            "{kind} {outcome}"
+        );
+    }
+    assert_eq!(
+        m.counter("trl_contended_total{namespace=orders,kind=write}"),
+        1
+    );
+    drop((lock, permit, read));
 }
 
 #[tokio::test(start_paused = true)]
@@ -280,7 +329,7 @@ async fn renewals_report_their_lag_and_failures_and_losses_their_reason() {
     store.take_over(&key("2"), lease);
     guard.lost().await;
     assert_eq!(
-        m.counter("trl_locks_lost_total{namespace=orders,reason=not_owner}"),
+        m.counter("trl_locks_lost_total{namespace=orders,kind=lock,reason=not_owner}"),
         1
     );
 
@@ -290,7 +339,7 @@ async fn renewals_report_their_lag_and_failures_and_losses_their_reason() {
     other.lost().await;
     store.fail_next_calls(0);
     assert_eq!(
-        m.counter("trl_locks_lost_total{namespace=orders,reason=expired}"),
+        m.counter("trl_locks_lost_total{namespace=orders,kind=lock,reason=expired}"),
         1
     );
 }
@@ -325,7 +374,7 @@ async fn the_layer_counts_refusals_by_status_and_replays() {
     assert_eq!(again.status, StatusCode::OK);
     assert_eq!(m.counter("trl_replays_total{status=200}"), 1);
     assert_eq!(
-        m.counter("trl_acquires_total{namespace=orders,outcome=completed}"),
+        m.counter("trl_acquires_total{namespace=orders,kind=lock,outcome=completed}"),
         1
     );
 }
@@ -344,7 +393,7 @@ async fn a_dead_redis_counts_store_errors_by_operation_and_kind() {
     let err = locker.acquire(&key("7")).await.unwrap_err();
     assert!(err.is_store_failure(), "{err:?}");
     assert_eq!(
-        m.counter("trl_acquires_total{namespace=orders,outcome=error}"),
+        m.counter("trl_acquires_total{namespace=orders,kind=lock,outcome=error}"),
         1
     );
     let errors: Vec<String> = m

@@ -188,7 +188,7 @@ impl Lease {
             .compare_exchange(HELD, LOST, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if flipped {
-            crate::observe::lost(&self.span, &self.key, reason.label());
+            crate::observe::lost(&self.span, (&self.key, self.kind), reason.label());
             self.lost.cancel();
             tracing::warn!(
                 key = %self.key,

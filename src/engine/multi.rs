@@ -154,13 +154,25 @@ impl<S: LockStore> Locker<S> {
             Step::Held(index, r) => (index, r),
         };
         if Instant::now() >= deadline {
-            return Err(self.contended(&keys[index], wait, start, attempts, remaining));
+            return Err(self.contended(
+                (&keys[index], LeaseKind::Lock),
+                wait,
+                start,
+                attempts,
+                remaining,
+            ));
         }
         // Subscribed to every key, then try again before every wait: a
         // release between a try and the wait is never missed.
         let subscribe = futures_util::future::join_all(keys.iter().map(|k| self.subscribe(k)));
         let Ok(mut watches) = tokio::time::timeout_at(deadline, subscribe).await else {
-            return Err(self.contended(&keys[index], wait, start, attempts, remaining));
+            return Err(self.contended(
+                (&keys[index], LeaseKind::Lock),
+                wait,
+                start,
+                attempts,
+                remaining,
+            ));
         };
         loop {
             attempts += 1;
@@ -173,12 +185,24 @@ impl<S: LockStore> Locker<S> {
                 Ok(Ok(Step::Held(i, r))) => (index, remaining) = (i, r),
                 Ok(Err(e)) => return Err(e),
                 Err(_) => {
-                    return Err(self.contended(&keys[index], wait, start, attempts, remaining));
+                    return Err(self.contended(
+                        (&keys[index], LeaseKind::Lock),
+                        wait,
+                        start,
+                        attempts,
+                        remaining,
+                    ));
                 }
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(self.contended(&keys[index], wait, start, attempts, remaining));
+                return Err(self.contended(
+                    (&keys[index], LeaseKind::Lock),
+                    wait,
+                    start,
+                    attempts,
+                    remaining,
+                ));
             }
             let poll = self.inner.opts.poll;
             let cap = remaining.map_or(poll, |r| poll.min(r + Duration::from_millis(1)));
@@ -271,7 +295,7 @@ impl<S: LockStore> Locker<S> {
         let granted = Ok(Outcome::Granted(None));
         observe::acquired(
             &Span::current(),
-            &keys[0],
+            (&keys[0], LeaseKind::Lock),
             start.elapsed(),
             contended,
             &granted,

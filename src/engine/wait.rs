@@ -49,7 +49,7 @@ impl<S: LockStore> Locker<S> {
             // (Granted, completed and refused are recorded where they happen.)
             Ok(Acquired::Locked(guard)) => guard.lease_state().hold_started(),
             Err(e) if !e.is_contended() => {
-                observe::acquired(&span, key, start.elapsed(), false, &Err(e));
+                observe::acquired(&span, (key, ask.kind()), start.elapsed(), false, &Err(e));
             }
             _ => {}
         }
@@ -71,7 +71,7 @@ impl<S: LockStore> Locker<S> {
             tracing::trace!(key = %key, holds = again.hold_count(), "lock re-entered");
             observe::acquired(
                 &Span::current(),
-                key,
+                (key, kind),
                 Duration::ZERO,
                 false,
                 &Ok(Outcome::Reentered),
@@ -97,7 +97,7 @@ impl<S: LockStore> Locker<S> {
                 Step::Held(r) => remaining = r,
             }
             if Instant::now() >= deadline {
-                return Err(self.contended(key, wait, start, attempts, remaining));
+                return Err(self.contended((key, kind), wait, start, attempts, remaining));
             }
         }
 
@@ -112,7 +112,7 @@ impl<S: LockStore> Locker<S> {
             // Timed out behind this process's other waiters, without asking
             // the store: what they last heard of the holder.
             let remaining = remaining.or_else(|| queue.held_for());
-            return Err(self.contended(key, wait, start, attempts, remaining));
+            return Err(self.contended((key, kind), wait, start, attempts, remaining));
         };
         // The subscription stays with the queue from one waiter to the next.
         let mut watch = queue.take_watch();
@@ -127,7 +127,9 @@ impl<S: LockStore> Locker<S> {
                 subscribed = true;
                 match tokio::time::timeout_at(deadline, self.subscribe(key)).await {
                     Ok(w) => watch = Some(w),
-                    Err(_) => return Err(self.contended(key, wait, start, attempts, remaining)),
+                    Err(_) => {
+                        return Err(self.contended((key, kind), wait, start, attempts, remaining));
+                    }
                 }
             }
             // Held by a task of ours: its release will wake us locally, so
@@ -147,7 +149,13 @@ impl<S: LockStore> Locker<S> {
                         Ok(step) => step,
                         Err(_) => {
                             queue.put_watch(watch);
-                            return Err(self.contended(key, wait, start, attempts, remaining));
+                            return Err(self.contended(
+                                (key, kind),
+                                wait,
+                                start,
+                                attempts,
+                                remaining,
+                            ));
                         }
                     }
                 }
@@ -181,14 +189,16 @@ impl<S: LockStore> Locker<S> {
             let now = Instant::now();
             if now >= deadline {
                 queue.put_watch(watch);
-                return Err(self.contended(key, wait, start, attempts, remaining));
+                return Err(self.contended((key, kind), wait, start, attempts, remaining));
             }
             if !subscribed {
                 // Subscribe, then try again at once before waiting.
                 subscribed = true;
                 match tokio::time::timeout_at(deadline, self.subscribe(key)).await {
                     Ok(w) => watch = Some(w),
-                    Err(_) => return Err(self.contended(key, wait, start, attempts, remaining)),
+                    Err(_) => {
+                        return Err(self.contended((key, kind), wait, start, attempts, remaining));
+                    }
                 }
                 continue;
             }
@@ -289,7 +299,7 @@ impl<S: LockStore> Locker<S> {
                 let completed = Ok(Outcome::Completed);
                 observe::acquired(
                     &Span::current(),
-                    key,
+                    (key, kind),
                     start.elapsed(),
                     contended,
                     &completed,
@@ -324,7 +334,13 @@ impl<S: LockStore> Locker<S> {
         let granted = Ok(Outcome::Granted(
             token.ok().map(crate::token::FencingToken::get),
         ));
-        observe::acquired(&Span::current(), key, start.elapsed(), contended, &granted);
+        observe::acquired(
+            &Span::current(),
+            (key, kind),
+            start.elapsed(),
+            contended,
+            &granted,
+        );
         let end = Ending {
             lease,
             store: self.inner.erased.clone(),
@@ -337,7 +353,7 @@ impl<S: LockStore> Locker<S> {
     /// The error for a lock that stayed held.
     pub(super) fn contended(
         &self,
-        key: &LockKey,
+        (key, kind): (&LockKey, LeaseKind),
         wait: Duration,
         start: Instant,
         attempts: u32,
@@ -364,7 +380,7 @@ impl<S: LockStore> Locker<S> {
                 retry_after,
             }
         };
-        observe::acquired(&Span::current(), key, waited, true, &Err(&err));
+        observe::acquired(&Span::current(), (key, kind), waited, true, &Err(&err));
         err
     }
 }
