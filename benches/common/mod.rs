@@ -49,6 +49,24 @@ pub fn server_cpu(server: &RedisServer) -> Duration {
     Duration::from_secs_f64(field("used_cpu_user") + field("used_cpu_sys"))
 }
 
+/// Commands run (`INFO commandstats`, every call including those scripts
+/// run) and CPU time (`INFO cpu`) so far, summed over `servers`. Each call
+/// adds 2 `INFO` calls per server to the next reading.
+pub fn server_counts(servers: &[RedisServer]) -> (u64, Duration) {
+    let calls = servers
+        .iter()
+        .map(|s| s.command_stats().values().sum::<u64>())
+        .sum();
+    let cpu = servers.iter().map(server_cpu).sum();
+    (calls, cpu)
+}
+
+/// The median of `v`, with its minimum and maximum.
+pub fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
 /// Pins this thread (the current-thread runtime's) to CPU 0.
 pub fn pin_self_to_cpu0() {
     // SAFETY: a zeroed cpu_set_t with one bit set, for this thread only.

@@ -164,15 +164,6 @@ struct Run {
     client_us: f64,
 }
 
-fn stats(servers: &[RedisServer]) -> (u64, Duration) {
-    let calls = servers
-        .iter()
-        .map(|s| s.command_stats().values().sum::<u64>())
-        .sum();
-    let cpu = servers.iter().map(common::server_cpu).sum();
-    (calls, cpu)
-}
-
 /// `n` cycles of `case` from `tasks` tasks (S1: one task, latencies kept).
 async fn run(
     client: &Arc<Client>,
@@ -185,7 +176,7 @@ async fn run(
     for t in 0..tasks.min(4) {
         client.cycle(case, t).await;
     }
-    let (calls0, cpu0) = stats(servers);
+    let (calls0, cpu0) = common::server_counts(servers);
     let client0 = common::process_cpu();
     let start = Instant::now();
     let mut lat = Vec::new();
@@ -215,7 +206,7 @@ async fn run(
         }
     }
     let elapsed = start.elapsed();
-    let (calls1, cpu1) = stats(servers);
+    let (calls1, cpu1) = common::server_counts(servers);
     lat.sort_by(f64::total_cmp);
     let pct = |p: f64| {
         if lat.is_empty() {
@@ -233,11 +224,6 @@ async fn run(
         cpu_us: (cpu1 - cpu0).as_secs_f64() * 1e6 / n as f64,
         client_us: (common::process_cpu() - client0).as_secs_f64() * 1e6 / n as f64,
     }
-}
-
-fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
 fn scenario(
@@ -263,8 +249,8 @@ fn scenario(
         .iter()
         .position(|&c| c == Case::Rslock)
         .expect("rslock");
-    let rs_rate = median(runs[rs].iter().map(|r| r.per_s).collect()).0;
-    let rs_p99 = median(runs[rs].iter().map(|r| r.p99_us).collect()).0;
+    let rs_rate = common::median(runs[rs].iter().map(|r| r.per_s).collect()).0;
+    let rs_p99 = common::median(runs[rs].iter().map(|r| r.p99_us).collect()).0;
     println!(
         "\n{name}: {nodes} server(s), {tasks} task(s), {n} cycles x {PASSES} passes (median [min-max])"
     );
@@ -273,7 +259,7 @@ fn scenario(
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     for (i, case) in cases.iter().enumerate() {
-        let col = |f: fn(&Run) -> f64| median(runs[i].iter().map(f).collect());
+        let col = |f: fn(&Run) -> f64| common::median(runs[i].iter().map(f).collect());
         let (rate, lo, hi) = col(|r| r.per_s);
         let (p50, p99) = (col(|r| r.p50_us).0, col(|r| r.p99_us).0);
         let lat = if tasks == 1 {
