@@ -41,7 +41,6 @@
 //! # }
 //! ```
 
-mod config;
 #[allow(clippy::module_inception)]
 pub(crate) mod layer;
 pub(crate) mod service;
