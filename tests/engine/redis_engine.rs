@@ -135,12 +135,15 @@ async fn a_waiter_is_woken_by_the_release_notification_not_by_polling() {
         .await
         .expect("the waiter was not woken by the release notification")
         .unwrap();
-    // Exactly: the waiter's try, its retry after subscribing, the release,
-    // and the waiter's try after the wake-up. No polling in between.
-    assert_eq!(
-        server.command_calls("evalsha"),
-        4,
-        "{:?}",
+    // The waiter's try, its retry after subscribing, the release, and the
+    // waiter's try after the wake-up; or, where the release came between
+    // the subscription and that retry (the test sees the subscription, not
+    // the retry), the retry is the grant and there is no fourth. No
+    // polling in between either way.
+    let scripts = server.command_calls("evalsha");
+    assert!(
+        scripts == 3 || scripts == 4,
+        "{scripts} script calls: {:?}",
         server.command_stats()
     );
     assert_eq!(server.command_calls("subscribe"), 1);
@@ -236,8 +239,16 @@ async fn many_waiters_share_one_pubsub_connection() {
         .await,
         "one subscription per channel, however many waiters"
     );
-    // One command connection and one pub/sub connection.
-    assert_eq!(server.connected_clients(), 2);
+    // One command connection and one pub/sub connection. (Eventually: the
+    // test's own connection of `subscribers` may still be counted while
+    // the server closes it.)
+    assert!(
+        eventually(Duration::from_secs(5), async || server.connected_clients()
+            == 2)
+        .await,
+        "{} clients, not a command and a pub/sub connection",
+        server.connected_clients()
+    );
     for h in holders {
         h.release().await.unwrap();
     }
