@@ -5,6 +5,7 @@ use std::sync::Arc;
 use http::{HeaderName, StatusCode};
 use tower_layer::Layer;
 
+use super::config::MultiConfig;
 use super::service::MultiLock;
 use crate::engine::Locker;
 use crate::error::ConfigError;
@@ -16,16 +17,6 @@ use crate::store::LockStore;
 /// The most key sources one layer takes (as many keys as
 /// [`Locker::acquire_all`] takes at once).
 const MAX_SOURCES: usize = 64;
-
-/// What a [`MultiLock`] service needs, shared by its clones.
-pub(crate) struct MultiConfig<St> {
-    pub(crate) locker: Locker<St>,
-    pub(crate) keys: Vec<KeyFrom>,
-    pub(crate) namespace: Option<String>,
-    pub(crate) header: HeaderName,
-    pub(crate) contention: StatusCode,
-    pub(crate) body_limit: usize,
-}
 
 /// A layer that locks several keys of each request as one, all or nothing
 /// ([`Locker::acquire_all`]): say, the `from` and `to` accounts of a

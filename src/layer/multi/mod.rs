@@ -41,6 +41,7 @@
 //! # }
 //! ```
 
+mod config;
 #[allow(clippy::module_inception)]
 pub(crate) mod layer;
 pub(crate) mod service;

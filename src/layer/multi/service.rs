@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 use tower_service::Service;
 
-use super::layer::MultiConfig;
+use super::config::MultiConfig;
 use crate::engine::MultiGuard;
 use crate::error::{BoxError, Chain};
 use crate::key::LockKey;

@@ -7,7 +7,8 @@
 //! | `sentinel.rs`, `cluster.rs` | the Sentinel and Cluster connection sources (features `sentinel`, `cluster`); the Sentinels' `+switch-master` watch; the slot-map refresh |
 //! | `sentinel_client.rs` | the client that asks every Sentinel for the primary |
 //! | `data_nodes.rs` | `DataNodes`: how a Sentinel store reaches the primary and replicas |
-//! | `scripts.rs`, `scripts/*.lua` | the Lua scripts and the calls that run them |
+//! | `scripts.rs`, `scripts/*.lua` | the Lua scripts, their sources and the `EVALSHA` call that reloads them on `NOSCRIPT` |
+//! | `calls.rs` | the store's calls that run them: grants (through `replicas.rs`), renewals, releases, finish, permits |
 //! | `multi.rs` | several locks at once: one script on one node or slot, else one by one |
 //! | `keys.rs` | Redis names of a lock (hash tag, fencing bucket) |
 //! | `source.rs` | where connections come from (`Source`), the connection (`Conn`), a cluster's node timeouts |
@@ -30,6 +31,7 @@ use crate::error::{Error, Operation};
 use crate::key::LockKey;
 use crate::token::OwnerToken;
 
+mod calls;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod connection;

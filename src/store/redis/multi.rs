@@ -3,29 +3,16 @@
 //! Sentinel's primary, one Cluster slot), the one-by-one path of
 //! `store/multi.rs` otherwise.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::Script;
-
 use super::keys::{FENCE, HOLDER, LOCK, Name, WAITED};
-use super::scripts::{Argv, ScriptCall};
+use super::scripts::{ACQUIRE_ALL, Argv, RELEASE_ALL, ScriptCall};
 use super::{RedisStore, ms};
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
 use crate::store::AcquireAllOutcome;
 use crate::store::multi::{acquire_in_order, release_each};
 use crate::token::{FencingToken, OwnerToken, Unfenced};
-
-/// The multi-key grant: the token rule of the single grant (token.lua)
-/// and acquire_all.lua.
-pub(super) const ACQUIRE_ALL_SRC: &str = concat!(
-    include_str!("scripts/token.lua"),
-    include_str!("scripts/acquire_all.lua")
-);
-pub(super) const RELEASE_ALL_SRC: &str = include_str!("scripts/release_all.lua");
-pub(super) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_ALL_SRC));
-pub(super) static RELEASE_ALL: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_ALL_SRC));
 
 impl RedisStore {
     /// Whether one script can take `keys`: they are on one node and the

@@ -4,35 +4,19 @@
 //! removed by the permit's scripts. The writer is a string like the lock,
 //! renewed by the lock's script.
 
-use std::sync::LazyLock;
 use std::time::Duration;
-
-use redis::Script;
 
 use super::keys::{FENCE, Name, RW_READERS, RW_WAITED, RW_WAITING, RW_WRITER};
 use super::replicas::Grant;
-use super::scripts::{Argv, EXTEND, EXTEND_PERMIT, RELEASE_PERMIT, ScriptCall, grant_outcome};
+use super::scripts::{
+    ACQUIRE_RW, Argv, EXTEND, EXTEND_PERMIT, RELEASE_PERMIT, RELEASE_WRITER, ScriptCall,
+    grant_outcome,
+};
 use super::{RedisStore, ms};
 use crate::error::Error;
 use crate::key::LockKey;
 use crate::store::{AcquireOutcome, LeaseKind, RwMode};
 use crate::token::OwnerToken;
-
-const ACQUIRE_RW_SRC: &str = include_str!("scripts/acquire_rw.lua");
-const RELEASE_WRITER_SRC: &str = include_str!("scripts/release_writer.lua");
-static ACQUIRE_RW: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_RW_SRC));
-static RELEASE_WRITER: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_WRITER_SRC));
-
-/// The source of one of the scripts above, `""` for another.
-pub(super) fn source_of(script: &Script) -> &'static str {
-    [
-        (&*ACQUIRE_RW, ACQUIRE_RW_SRC),
-        (&*RELEASE_WRITER, RELEASE_WRITER_SRC),
-    ]
-    .into_iter()
-    .find(|(s, _)| std::ptr::eq(*s, script))
-    .map_or("", |(_, src)| src)
-}
 
 /// The name holding `mode`'s side: the readers' set, or the writer.
 pub(super) fn side(mode: RwMode) -> &'static str {
