@@ -139,8 +139,18 @@ impl CmdStats {
     /// run (each implementation sends a known set of commands).
     fn sent_calls(&self, imp: Impl) -> u64 {
         let inside_scripts: &[&str] = match imp {
-            // Acquire: GET, PTTL or GET, TIME, GET, SET, SET; release: GET, DEL, PUBLISH.
-            Impl::Ours => &["get", "pttl", "time", "set", "del", "publish", "pexpire"],
+            // Acquire: TIME, SET, SET, and where held PEXPIRETIME (or
+            // PTTL), SET; release: GET, DEL, PUBLISH.
+            Impl::Ours => &[
+                "get",
+                "pttl",
+                "pexpiretime",
+                "time",
+                "set",
+                "del",
+                "publish",
+                "pexpire",
+            ],
             // Unlock script: GET, DEL. Lock is a plain SET.
             Impl::Rslock => &["get", "del"],
             Impl::Raw | Impl::Spin => &[],

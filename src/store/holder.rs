@@ -274,7 +274,9 @@ impl ForcedRelease {
 }
 
 /// The text a holder record keeps: `<token> <granted µs> <label>` (the
-/// Redis stores' layout; the memory store keeps the fields).
+/// Redis stores' layout, after the owner token and a space in the lock's
+/// value; the label is last, so it may hold spaces; the memory store keeps
+/// the fields).
 pub(crate) fn parse_record(
     record: &str,
 ) -> (

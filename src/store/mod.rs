@@ -150,8 +150,9 @@ pub trait LockStore: Send + Sync + 'static {
     /// answer is a token valid for that hold: at least its grant's and
     /// below every later holder's; its grant's on the memory store, and on
     /// the Redis stores unless another lock of its fencing bucket was
-    /// granted since (see [`RedlockStore`](crate::RedlockStore) for when
-    /// Redlock can tell). The engine never does this: each attempt has a
+    /// granted, or asked for while held, since (an attempt that finds a
+    /// lock held may raise the bucket's counter to the server's clock; see
+    /// [`RedlockStore`](crate::RedlockStore) for when Redlock can tell). The engine never does this: each attempt has a
     /// fresh owner, and a guard's re-entry sends nothing to the store.
     fn acquire(
         &self,

@@ -88,8 +88,9 @@ use quorum::{gather, tally};
 ///   counter of the majority, written back: at least its grant's token,
 ///   and below every later holder's. On every Redis store the counters are
 ///   per fencing bucket, so a re-entry after another lock of the same
-///   bucket was granted answers a larger token (still valid for the
-///   hold). A guard's own re-entry ([`LockGuard::reenter`](crate::LockGuard::reenter))
+///   bucket was granted, or asked for while held (an attempt that finds a
+///   lock held may raise the counter to the node's clock), answers a
+///   larger token (still valid for the hold). A guard's own re-entry ([`LockGuard::reenter`](crate::LockGuard::reenter))
 ///   sends nothing to the store and always keeps the token.
 ///
 /// Any two majorities share a node, so tokens increase

@@ -62,11 +62,7 @@ async fn keys_share_one_hash_tag_and_carry_the_value_we_expect() {
     // 1,024, is 0x2b1); the counter is the bucket's.
     assert_eq!(
         server.keys(),
-        vec![
-            "trl:{orders:2b1}:fence",
-            "trl:{orders:2b1}:ord_1:holder",
-            "trl:{orders:2b1}:ord_1:lock"
-        ]
+        vec!["trl:{orders:2b1}:fence", "trl:{orders:2b1}:ord_1:lock"]
     );
     assert_eq!(
         redis_name("orders", "ord_1", "holder"),
@@ -88,14 +84,18 @@ async fn keys_share_one_hash_tag_and_carry_the_value_we_expect() {
         .cmd(&["GET", &redis_name("orders", "ord_1", "lock")])
         .as_string()
         .unwrap();
-    // The lock holds the owner token; the counter the holder's token.
-    assert_eq!(value.len(), 32);
-    assert!(value.bytes().all(|b| b.is_ascii_hexdigit()));
+    // The lock holds the owner token, then (with fencing) a space and the
+    // holder record: the token, the grant's server time, the label (none
+    // here); the counter the holder's token.
+    let (owner, record) = value.split_at(32);
+    assert!(owner.bytes().all(|b| b.is_ascii_hexdigit()), "{value}");
+    let token = g.fencing_token().unwrap().to_string();
+    assert!(record.starts_with(&format!(" {token} ")), "{value}");
     let counter = server
         .cmd(&["GET", &redis_name("orders", "ord_1", "fence")])
         .as_string()
         .unwrap();
-    assert_eq!(counter, g.fencing_token().unwrap().to_string());
+    assert_eq!(counter, token);
     // Both keys expire: nothing is left behind per distinct lock key.
     for k in server.keys() {
         let ttl = server.cmd(&["PTTL", &k]).as_int().unwrap();

@@ -328,12 +328,17 @@ async fn a_write_back_counts_each_node_once() {
     // Node 2: only the grant and release scripts, and no way to load more.
     servers[2].cmd(&["SCRIPT", "FLUSH"]);
     for src in [
-        // (The grant script is token.lua's rule and acquire.lua.)
+        // (The grant script is token.lua's rule, owner.lua's owner check
+        // and acquire.lua; the release, the owner check and release.lua.)
         concat!(
             include_str!("../../src/store/redis/scripts/token.lua"),
+            include_str!("../../src/store/redis/scripts/owner.lua"),
             include_str!("../../src/store/redis/scripts/acquire.lua")
         ),
-        include_str!("../../src/store/redis/scripts/release.lua"),
+        concat!(
+            include_str!("../../src/store/redis/scripts/owner.lua"),
+            include_str!("../../src/store/redis/scripts/release.lua")
+        ),
     ] {
         servers[2].cmd(&["SCRIPT", "LOAD", src]);
     }

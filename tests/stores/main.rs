@@ -12,6 +12,7 @@ mod eviction;
 mod handoff;
 mod handoff_review;
 mod kinds;
+mod lock_value;
 mod multi;
 mod network_faults;
 mod noscript;

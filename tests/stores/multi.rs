@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use tower_redis_lock::redis::cluster_routing::Slot;
-use tower_redis_lock::{Error, LockKey, LockStore, Locker, MemoryStore, RedisStore};
+use tower_redis_lock::{Error, LockKey, LockStore, Locker, MemoryStore, OwnerToken, RedisStore};
 
 const NS: &str = "multi";
 
@@ -444,8 +444,8 @@ async fn redis_a_key_deleted_behind_the_guard_is_reported_lost() {
     assert!(!all.is_held());
 }
 
-/// The one script leaves each key exactly as a single grant does (lock,
-/// holder record, the bucket's counter at the token), a held key marked
+/// The one script leaves each key exactly as a single grant does (lock
+/// with its holder record, the bucket's counter at the token), a held key marked
 /// as waited-for, and the release script deletes them again; a refused
 /// list writes nothing at all.
 #[tokio::test]
@@ -458,9 +458,10 @@ async fn redis_one_script_writes_what_a_single_grant_writes_and_refusals_write_n
         let t = t.unwrap().get().to_string();
         let fence = stores::redis_name(NS, k.id(), "fence");
         assert_eq!(server.cmd(&["GET", &fence]).as_string(), Some(t.clone()));
-        let holder = stores::redis_name(NS, k.id(), "holder");
-        let h = server.cmd(&["GET", &holder]).as_string().unwrap();
-        assert!(h.starts_with(&format!("{t} ")), "{h}");
+        // The holder record in the lock's value, after the owner token.
+        let lock = stores::redis_name(NS, k.id(), "lock");
+        let v = server.cmd(&["GET", &lock]).as_string().unwrap();
+        assert!(v[OwnerToken::LEN..].starts_with(&format!(" {t} ")), "{v}");
     }
     // Another process finds the list held: the key it names is marked.
     let other = locker(store, 10_000, 0);

@@ -24,9 +24,11 @@ fn int(r: Reply) -> i64 {
     }
 }
 
-/// The holder record lives exactly as long as the lock: set with the
-/// grant's expiry, renewed with it, deleted by the release, gone at the
-/// lease's end without one. Redis memory stays bounded by the locks held.
+/// The holder record lives exactly as long as the lock: it is the lock's
+/// value (after the owner token), so it is written with the grant,
+/// renewed with it, gone with the release, the finish or the lease's end,
+/// and never kept in a name of its own. Redis memory stays bounded by the
+/// locks held.
 #[tokio::test]
 async fn the_holder_record_lives_and_dies_with_the_lock() {
     let server = RedisServer::start();
@@ -41,33 +43,38 @@ async fn the_holder_record_lives_and_dies_with_the_lock() {
         .acquire(&k, &owner, Duration::from_secs(20))
         .await
         .unwrap();
-    assert!(matches!(granted, AcquireOutcome::Granted(_)));
+    let AcquireOutcome::Granted(token) = granted else {
+        panic!("not granted: {granted:?}");
+    };
     let ttl = |name: &str| int(server.cmd(&["PTTL", name]));
+    let value = || server.cmd(&["GET", &lock]).as_string().unwrap();
     assert!(
-        (ttl(&lock) - ttl(&holder)).abs() <= 5,
-        "{} {}",
-        ttl(&lock),
-        ttl(&holder)
+        value().starts_with(&format!("{} {token} ", owner.as_str())),
+        "{}",
+        value()
     );
+    assert_eq!(
+        int(server.cmd(&["EXISTS", &holder])),
+        0,
+        "a name of its own"
+    );
+    assert!(ttl(&lock) > 15_000, "{}", ttl(&lock));
     assert!(
         store
             .extend(&k, &owner, Duration::from_secs(60))
             .await
             .unwrap()
     );
-    assert!(
-        ttl(&holder) > 40_000,
-        "renewed with the lock: {}",
-        ttl(&holder)
+    assert!(ttl(&lock) > 40_000, "renewed with the lock: {}", ttl(&lock));
+    assert_eq!(
+        store.inspect(&k).await.unwrap().unwrap().fencing_token,
+        Some(token),
+        "the record after a renewal"
     );
     assert!(store.release(&k, &owner).await.unwrap());
-    assert_eq!(
-        int(server.cmd(&["EXISTS", &holder])),
-        0,
-        "deleted by the release"
-    );
+    assert_eq!(store.inspect(&k).await.unwrap(), None, "after the release");
 
-    // Finished (a record stored): the holder record goes too.
+    // Finished (a record stored): the holder record goes with the lock.
     store
         .acquire(&k, &owner, Duration::from_secs(20))
         .await
@@ -83,26 +90,28 @@ async fn the_holder_record_lives_and_dies_with_the_lock() {
             .await
             .unwrap()
     );
-    assert_eq!(
-        int(server.cmd(&["EXISTS", &holder])),
-        0,
-        "deleted by the finish"
-    );
+    assert_eq!(int(server.cmd(&["EXISTS", &lock])), 0, "after the finish");
 
-    // Left to expire: both go at the lease's end.
+    // Left to expire: it goes at the lease's end.
     let short = key("short");
     store
         .acquire(&short, &owner, Duration::from_millis(200))
         .await
         .unwrap();
-    let short_holder = stores::redis_name("ops", "short", "holder");
-    assert_eq!(int(server.cmd(&["EXISTS", &short_holder])), 1);
+    assert!(store.inspect(&short).await.unwrap().is_some());
     assert!(
-        eventually(Duration::from_secs(5), async || int(
-            server.cmd(&["EXISTS", &short_holder])
-        ) == 0)
+        eventually(Duration::from_secs(5), async || store
+            .inspect(&short)
+            .await
+            .unwrap()
+            .is_none())
         .await,
         "the holder record outlived its lock"
+    );
+    assert!(
+        server.keys().iter().all(|n| !n.ends_with(":holder")),
+        "{:?}",
+        server.keys()
     );
 }
 

@@ -61,8 +61,8 @@ impl RedisStore {
         let lock = [self.name(key, LOCK)];
         // The lock alone declared; the other names follow the lease, with
         // the fence's name and retention only with fencing, the record for
-        // a replay, and the holder record and label with fencing (see
-        // acquire.lua).
+        // a replay, and the holder's label with fencing (the lock's value
+        // carries the holder record: see acquire.lua).
         let mut args = [
             Argv::Str(owner.as_str()),
             Argv::Int(ms(lease)),
@@ -76,7 +76,6 @@ impl RedisStore {
             }),
             Argv::Str(""),
             Argv::Str(""),
-            Argv::Name(self.name(key, HOLDER)),
             Argv::Str(label.map_or("", HolderLabel::as_str)),
         ];
         if replay {
@@ -128,11 +127,11 @@ impl RedisStore {
         key: &LockKey,
         owner: &OwnerToken,
         lock: &[Name<'_>],
-        args: &mut [Argv<'_>; 10],
+        args: &mut [Argv<'_>; 9],
         replay: bool,
     ) -> Result<(i64, redis::Value), Error> {
         let len = match (self.inner.fencing, replay) {
-            (true, _) => 10,
+            (true, _) => 9,
             (false, true) => 8,
             (false, false) => 6,
         };
@@ -302,8 +301,9 @@ impl RedisStore {
         retention: Duration,
         mark: bool,
     ) -> Result<bool, Error> {
-        // The lock alone declared (see finish.lua); the record writer only
-        // when marking (Redlock).
+        // The lock alone declared (see finish.lua); the holder record's own
+        // name only with fencing (a lock of an older version keeps it
+        // there); the record writer only when marking (Redlock).
         let args = [
             Argv::Str(owner.as_str()),
             Argv::Bytes(record.as_ref()),
@@ -311,7 +311,11 @@ impl RedisStore {
             Argv::Str(self.publish_command()),
             Argv::Name(self.name(key, RECORD)),
             Argv::Name(self.name(key, WAITED)),
-            Argv::Name(self.name(key, HOLDER)),
+            if self.inner.fencing {
+                Argv::Name(self.name(key, HOLDER))
+            } else {
+                Argv::Str("")
+            },
             Argv::Name(self.name(key, RECORD_WRITER)),
         ];
         let args = if mark { &args[..] } else { &args[..7] };

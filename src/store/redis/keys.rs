@@ -20,8 +20,10 @@ pub(super) const RW_READERS: &str = "rw-readers";
 pub(super) const RW_WRITER: &str = "rw-writer";
 pub(super) const RW_WAITING: &str = "rw-waiting";
 pub(super) const RW_WAITED: &str = "rw-waited";
-/// The holder record: the grant's token, server time and label, for
-/// operators (see acquire.lua); it lives exactly as long as the lock.
+/// The holder record's own name, where an older version kept it beside a
+/// lock whose value is the owner alone: the scripts renew, keep and delete
+/// it with such a lock, and `inspect` reads it. A grant now writes the
+/// record into the lock's value (see owner.lua) and never writes this.
 pub(super) const HOLDER: &str = "holder";
 /// The waited-for mark: set by an acquire that finds the lock held, so the
 /// release publishes (only then); deleted by the release, and never

@@ -174,8 +174,8 @@ impl RedisStore {
         self.inner.notifier.get().map_or((0, 0), Notifier::channels)
     }
 
-    /// The extend script's arguments: the holder record only where grants
-    /// write one (with fencing).
+    /// The extend script's arguments: the holder record's own name only
+    /// with fencing (a lock of an older version keeps it there).
     fn extend_args<'a, 'b>(&self, args: &'b [Argv<'a>; 3]) -> &'b [Argv<'a>] {
         if self.inner.fencing {
             &args[..]
@@ -315,7 +315,8 @@ impl LockStore for RedisStore {
             Argv::Int(ms(lease)),
             Argv::Name(self.name(key, HOLDER)),
         ];
-        // The holder record only where grants write one (with fencing).
+        // The holder record's own name only with fencing (a lock of an
+        // older version keeps it there).
         let args = if self.inner.fencing {
             &args[..]
         } else {
@@ -416,7 +417,8 @@ impl LockStore for RedisStore {
             Argv::Name(self.name(key, WAITED)),
             Argv::Name(self.name(key, HOLDER)),
         ];
-        // The holder record only where grants write one (with fencing).
+        // The holder record's own name only with fencing (a lock of an
+        // older version keeps it there).
         let args = if self.inner.fencing {
             &args[..]
         } else {

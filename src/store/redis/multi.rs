@@ -67,7 +67,7 @@ impl RedisStore {
     ) -> Result<Option<AcquireAllOutcome>, Error> {
         let fencing = self.inner.fencing;
         let locks: Vec<Name<'_>> = keys.iter().map(|k| self.name(k, LOCK)).collect();
-        let mut args = Vec::with_capacity(5 + 3 * keys.len());
+        let mut args = Vec::with_capacity(5 + 2 * keys.len());
         args.extend([
             Argv::Str(owner.as_str()),
             Argv::Int(ms(lease)),
@@ -85,12 +85,11 @@ impl RedisStore {
         ]);
         for k in keys {
             args.push(Argv::Name(self.name(k, WAITED)));
-            if fencing {
-                args.push(Argv::Name(self.name(k, FENCE)));
-                args.push(Argv::Name(self.name(k, HOLDER)));
+            args.push(if fencing {
+                Argv::Name(self.name(k, FENCE))
             } else {
-                args.extend([Argv::Str(""), Argv::Str("")]);
-            }
+                Argv::Str("")
+            });
         }
         let call = ScriptCall::new(&ACQUIRE_ALL, &locks, &args);
         let answer: Vec<redis::Value> = self

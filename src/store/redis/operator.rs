@@ -77,14 +77,17 @@ impl RedisStore {
     ///
     /// [`LockStore::force_release`]: crate::LockStore::force_release
     pub(crate) async fn force_release_script(&self, key: &LockKey) -> Result<ForcedRelease, Error> {
+        // The holder record's own name (a lock of an older version keeps
+        // it there) and the fence only with fencing.
         let mut args = [
-            Argv::Name(self.name(key, HOLDER)),
+            Argv::Str(""),
             Argv::Name(self.name(key, WAITED)),
             Argv::Str(self.publish_command()),
             Argv::Str(""),
             Argv::Int(self.inner.fence_retention_ms),
         ];
         if self.inner.fencing {
+            args[0] = Argv::Name(self.name(key, HOLDER));
             args[3] = Argv::Name(self.name(key, FENCE));
         }
         let call = ScriptCall::new(&FORCE_RELEASE, &[self.name(key, LOCK)], &args);

@@ -128,8 +128,12 @@ impl Grant<'_> {
     #[cfg(feature = "cluster")]
     fn held_here(&self, store: &RedisStore) -> redis::Cmd {
         let (script, name) = match self.kind {
+            // The owner alone, or followed by a space and the holder
+            // record (see owner.lua).
             LeaseKind::Lock => (
-                "return redis.call('GET', ARGV[1]) == ARGV[2] and 1 or 0",
+                "local v = redis.call('GET', ARGV[1]) \
+                 return (v == ARGV[2] or v and string.sub(v, 1, #ARGV[2] + 1) == ARGV[2] .. ' ') \
+                 and 1 or 0",
                 super::keys::LOCK,
             ),
             LeaseKind::Permit => (

@@ -20,21 +20,35 @@ use crate::key::LockKey;
 use crate::store::AcquireOutcome;
 use crate::token::FencingToken;
 
-/// The grant: the token rule (token.lua, shared with the multi-key grant)
-/// and acquire.lua.
+/// The grant: the token rule (token.lua, shared with the multi-key grant),
+/// the owner check of a lock's value (owner.lua, shared by every script
+/// that reads one) and acquire.lua.
 pub(super) const ACQUIRE_SRC: &str = concat!(
     include_str!("scripts/token.lua"),
+    include_str!("scripts/owner.lua"),
     include_str!("scripts/acquire.lua")
 );
-pub(super) const EXTEND_SRC: &str = include_str!("scripts/extend.lua");
-pub(super) const RELEASE_SRC: &str = include_str!("scripts/release.lua");
-pub(super) const FINISH_SRC: &str = include_str!("scripts/finish.lua");
+pub(super) const EXTEND_SRC: &str = concat!(
+    include_str!("scripts/owner.lua"),
+    include_str!("scripts/extend.lua")
+);
+pub(super) const RELEASE_SRC: &str = concat!(
+    include_str!("scripts/owner.lua"),
+    include_str!("scripts/release.lua")
+);
+pub(super) const FINISH_SRC: &str = concat!(
+    include_str!("scripts/owner.lua"),
+    include_str!("scripts/finish.lua")
+);
 
 pub(super) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_SRC));
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_SRC));
 pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SRC));
 pub(super) static FINISH: LazyLock<Script> = LazyLock::new(|| Script::new(FINISH_SRC));
-pub(super) const TRANSFER_SRC: &str = include_str!("scripts/transfer.lua");
+pub(super) const TRANSFER_SRC: &str = concat!(
+    include_str!("scripts/owner.lua"),
+    include_str!("scripts/transfer.lua")
+);
 pub(super) static TRANSFER: LazyLock<Script> = LazyLock::new(|| Script::new(TRANSFER_SRC));
 const ACQUIRE_PERMIT_SRC: &str = include_str!("scripts/acquire_permit.lua");
 pub(super) const EXTEND_PERMIT_SRC: &str = include_str!("scripts/extend_permit.lua");
@@ -55,13 +69,17 @@ pub(super) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPE
 pub(super) static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(FORCE_RELEASE_SRC));
 
-/// The multi-key grant: the token rule of the single grant (token.lua)
-/// and acquire_all.lua.
+/// The multi-key grant: the token rule and the owner check of the single
+/// grant (token.lua, owner.lua) and acquire_all.lua.
 pub(super) const ACQUIRE_ALL_SRC: &str = concat!(
     include_str!("scripts/token.lua"),
+    include_str!("scripts/owner.lua"),
     include_str!("scripts/acquire_all.lua")
 );
-pub(super) const RELEASE_ALL_SRC: &str = include_str!("scripts/release_all.lua");
+pub(super) const RELEASE_ALL_SRC: &str = concat!(
+    include_str!("scripts/owner.lua"),
+    include_str!("scripts/release_all.lua")
+);
 pub(super) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_ALL_SRC));
 pub(super) static RELEASE_ALL: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_ALL_SRC));
 /// The reader-writer lock's grant (either side) and the writer's release.

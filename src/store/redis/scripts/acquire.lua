@@ -1,10 +1,13 @@
--- The grant, fenced or not. The lock value is the owner token; with
--- fencing, the counter is the lock's bucket's (see `bucket`): the last
--- token minted for any lock of the bucket. It only rises, so each lock's
--- tokens rise too, and Redis holds one counter per bucket, however many ids
--- were ever locked. Without fencing (`fencing(false)`) the store first sends
--- a plain `SET NX PX`, and runs this only when that found the key taken (or
--- to replay a record, or to `WAIT` for replicas).
+-- The grant, fenced or not. The lock's value is the owner token; with
+-- fencing, followed by a space and the holder record for operators
+-- (`inspect`): `<token> <granted us> <label>` (see owner.lua), so that the
+-- record lives and dies with the lock and costs no command of its own.
+-- With fencing, the counter is the lock's bucket's (see `bucket`): the
+-- last token minted for any lock of the bucket. It only rises, so each
+-- lock's tokens rise too, and Redis holds one counter per bucket, however
+-- many ids were ever locked. Without fencing (`fencing(false)`) the store
+-- first sends a plain `SET NX PX`, and runs this only when that found the
+-- key taken (or to replay a record, or to `WAIT` for replicas).
 --
 -- KEYS[1] lock: the one key declared, so that a Cluster routes the call by
 -- the lock alone (see "Slot migration" below)
@@ -13,18 +16,31 @@
 -- fencing), ARGV[6] '1' on a Cluster, ARGV[7] (optional) the completed
 -- record ('' for none), ARGV[8] '1' when the caller found no record on
 -- the node a slot migrates from (after a {4} answer), ARGV[9] (optional,
--- with fencing) the holder record's name, ARGV[10] the holder's label
+-- with fencing) the holder's label
 -- -> {1, token} granted, {3, token} re-entered by the same owner (the
---    counter, which is at least the token of its grant), {0, pttl} held,
+--    counter as it stood, which is at least the token of its grant: see
+--    below), {0, pttl} held,
 --    {2, record} completed (only when the record is given), {4, ''} the
 --    record may be on the other node of a migrating slot: read it there
 --    (a plain GET, which the Cluster routes) and call again; without
 --    fencing the token is 0
 --
 -- Written for Redis' cost model: every redis.call and every Lua string
--- conversion is a large share of the script's time, so the fenced grant is
--- one `SET NX PX GET` (take it, or learn who has it), `TIME`, and one
--- `SET … PX GET` of the counter.
+-- conversion is a large share of the script's time, so the fenced grant
+-- (one primary, Sentinel) is three calls: `TIME`, one `SET … PX GET` of
+-- the counter (its last value read, TIME written), and one `SET NX PX GET`
+-- of the lock, whose value carries the token minted from those two (take
+-- it, or learn who has it); a fourth, a `SET` of the counter, only when the
+-- token is not TIME (the counter was at or past it). The counter is
+-- written before the grant is known, so an attempt that does not grant
+-- leaves it at least where it was, in this same script: at TIME where
+-- that is above it (no token is minted there, and every later one is
+-- above it still), else put back. A re-entry (the lock ours already: an
+-- attempt whose answer was lost) puts it back in any case, and answers it
+-- as it stood: at least the token that attempt minted, and no other holder
+-- of this lock can have come between, so it is a valid token for this
+-- grant; the grant's own, unless another attempt on a lock of the bucket
+-- came between (on Redlock, see `counted_without_write_back`).
 --
 -- Finding the lock held (the contended path only) sets the waited-for mark,
 -- so that the holder's release announces itself; an uncontended release
@@ -44,7 +60,9 @@
 -- be on the other node, so it is never created there (MIGRATE would find
 -- the name taken): the token then rests on TIME alone, as after a
 -- counter's retention lapses, and the waiter polls. Whether this node
--- imports the lock's slot is asked only then.
+-- imports the lock's slot is asked only then. So on a Cluster the counter
+-- is read with a plain `GET` before the grant, and written after it, only
+-- where the grant happened (four calls).
 local cluster = ARGV[6] == '1'
 local importing
 local function is_importing()
@@ -71,36 +89,42 @@ if record then
   if rec then return {2, rec} end
   if ARGV[8] ~= '1' and not writable(rec) then return {4, ''} end
 end
-local cur = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
-if cur then
-  if cur ~= ARGV[1] then
-    local pttl = redis.call('PTTL', KEYS[1])
-    local marked = not cluster
-    if cluster then
-      local e = redis.pcall('EXISTS', ARGV[3])
-      marked = writable(e ~= 0 and e)
-    end
-    if marked then
-      -- At the lock's own expiry (an absolute time: a relative one taken
-      -- from PTTL may land a millisecond past it).
-      local at = redis.call('PEXPIRETIME', KEYS[1])
-      if at > 0 then
-        redis.call('SET', ARGV[3], '1', 'PXAT', at)
-      else
-        redis.call('SET', ARGV[3], '1', 'PX', ARGV[2])
-      end
-    end
-    return {0, pttl}
+-- Held by another owner: the lease it has left (from `PEXPIRETIME` and
+-- `now_ms`, the script's TIME, where given, else `PTTL`), and the
+-- waited-for mark set.
+local function held(now_ms)
+  local at, pttl
+  if now_ms then
+    at = redis.call('PEXPIRETIME', KEYS[1])
+    pttl = -1
+    if at >= 0 then pttl = math.max(at - now_ms, 0) end
+  else
+    pttl = redis.call('PTTL', KEYS[1])
   end
-  -- Ours already (an attempt whose answer was lost): the counter is at
-  -- least the token that attempt minted, and no other holder of this lock
-  -- can have come between, so it is a valid token for this grant.
+  local marked = not cluster
+  if cluster then
+    local e = redis.pcall('EXISTS', ARGV[3])
+    marked = writable(e ~= 0 and e)
+  end
+  if marked then
+    -- At the lock's own expiry (an absolute time: a relative one taken
+    -- from PTTL may land a millisecond past it).
+    at = at or redis.call('PEXPIRETIME', KEYS[1])
+    if at > 0 then
+      redis.call('SET', ARGV[3], '1', 'PXAT', at)
+    else
+      redis.call('SET', ARGV[3], '1', 'PX', ARGV[2])
+    end
+  end
+  return {0, pttl}
+end
+if not fenced then
+  local cur = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+  if not cur then return {1, 0} end
+  if not owned_by(cur, ARGV[1]) then return held(nil) end
+  -- Ours already (an attempt whose answer was lost).
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if not fenced then return {3, 0} end
-  local last = redis.pcall('GET', ARGV[4])
-  if type(last) == 'string' then return {3, last} end
-elseif not fenced then
-  return {1, 0}
+  return {3, 0}
 end
 -- token = max(last + 1, TIME in us) (token.lua)
 local s = now_us()
@@ -108,24 +132,40 @@ local last
 if not cluster then
   last = redis.call('SET', ARGV[4], s, 'PX', ARGV[5], 'GET')
 else
+  -- Read only: written once the grant is known (see "Slot migration").
   last = redis.pcall('GET', ARGV[4])
+end
+local token = next_token(type(last) == 'string' and last, s)
+local value = ARGV[1] .. ' ' .. token .. ' ' .. s .. ' ' .. ARGV[9]
+local cur = redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2], 'GET')
+-- The counter as it must be left: `token` on a grant; as it was where
+-- this was a re-entry, or where TIME is not above it (it must not fall).
+local mine = cur and owned_by(cur, ARGV[1])
+local ours = mine and type(last) == 'string'
+if not cluster then
+  if ours or (cur and token ~= s) then
+    redis.call('SET', ARGV[4], last, 'PX', ARGV[5])
+  elseif token ~= s then
+    redis.call('SET', ARGV[4], token, 'PX', ARGV[5])
+  end
+elseif not cur or (mine and not ours) then
   if not writable(last) then
     -- The counter is on the other node, or may be: TIME alone.
-    return {1, s}
+    if mine then redis.call('SET', KEYS[1], value, 'PX', ARGV[2]) end
+    return {1, token}
   end
-  redis.call('SET', ARGV[4], s, 'PX', ARGV[5])
+  redis.call('SET', ARGV[4], token, 'PX', ARGV[5])
 end
-local granted = s
-s = next_token(last, granted)
-if s ~= granted then
-  redis.call('SET', ARGV[4], s, 'PX', ARGV[5])
+if not cur then return {1, token} end
+if ours then
+  -- Ours already (an attempt whose answer was lost): see above.
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {3, last}
 end
--- The holder record, for operators (`inspect`): the token, the grant's
--- server time in us and the label, expiring with the lock (a script's
--- clock stands still, so both expire in the same millisecond); renewed
--- by extend.lua, deleted by the release. `pcall`: where a slot migrates
--- and the name is elsewhere, the grant stands without it.
-if ARGV[9] then
-  redis.pcall('SET', ARGV[9], s .. ' ' .. granted .. ' ' .. ARGV[10], 'PX', ARGV[2])
+if mine then
+  -- Ours already, but the counter lapsed: a fresh token, as a grant mints
+  -- one, and the record in the value with it.
+  redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+  return {1, token}
 end
-return {1, s}
+return held(tonumber(string.sub(s, 1, -4)))

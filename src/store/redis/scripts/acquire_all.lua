@@ -1,16 +1,15 @@
 -- Every lock of a list, or none, in one step: the locks of one primary
 -- (or of one Cluster slot). Each key is granted as acquire.lua grants one
--- lock: its value the owner token, its fencing token minted from its own
--- bucket's counter (max(last + 1, TIME in us)), its holder record written;
--- so a single lock and a multi-key grant of the same key see each other,
--- and a key's tokens rise across both (the token rule is token.lua's, the
--- one acquire.lua uses).
+-- lock: its value the owner token (with fencing, followed by the holder
+-- record: see owner.lua), its fencing token minted from its own bucket's
+-- counter (max(last + 1, TIME in us)); so a single lock and a multi-key
+-- grant of the same key see each other, and a key's tokens rise across
+-- both (the token rule is token.lua's, the one acquire.lua uses).
 --
 -- KEYS the locks (1 to 64, one slot); ARGV[1] owner, ARGV[2] lease ms,
 -- ARGV[3] '1' on a Cluster, ARGV[4] fence retention ms ('' without
--- fencing), ARGV[5] the holder's label; then per lock i, at 5 + 3(i-1):
--- +1 its waited-for mark, +2 its bucket's counter ('' without fencing),
--- +3 its holder record ('' without fencing)
+-- fencing), ARGV[5] the holder's label; then per lock i, at 5 + 2(i-1):
+-- +1 its waited-for mark, +2 its bucket's counter ('' without fencing)
 -- -> {1, token...} granted (one token per lock, in order; 0 without
 --    fencing), {0, i, pttl} lock i (1-based) held by another owner: nothing
 --    taken, every lock found held marked as waited-for, i the one whose
@@ -33,9 +32,9 @@ local fenced = ARGV[4] ~= ''
 local last = {}
 local held, longest = nil, nil
 for i = 1, #KEYS do
-  local at = 5 + 3 * (i - 1)
+  local at = 5 + 2 * (i - 1)
   local cur = redis.call('GET', KEYS[i])
-  if cur and cur ~= owner then
+  if cur and not owned_by(cur, owner) then
     local pttl = redis.call('PTTL', KEYS[i])
     local ends = redis.call('PEXPIRETIME', KEYS[i])
     if ends > 0 then
@@ -57,16 +56,16 @@ local out = {1}
 local s
 if fenced then s = now_us() end
 for i = 1, #KEYS do
-  local at = 5 + 3 * (i - 1)
-  redis.call('SET', KEYS[i], owner, 'PX', lease)
+  local at = 5 + 2 * (i - 1)
   if fenced then
     local counter = ARGV[at + 2]
     local token = next_token(last[counter], s)
+    redis.call('SET', KEYS[i], owner .. ' ' .. token .. ' ' .. s .. ' ' .. ARGV[5], 'PX', lease)
     redis.call('SET', counter, token, 'PX', ARGV[4])
     last[counter] = token
-    redis.pcall('SET', ARGV[at + 3], token .. ' ' .. s .. ' ' .. ARGV[5], 'PX', lease)
     out[i + 1] = token
   else
+    redis.call('SET', KEYS[i], owner, 'PX', lease)
     out[i + 1] = 0
   end
 end

@@ -1,9 +1,10 @@
 -- KEYS[1] lock; ARGV[1] owner, ARGV[2] record, ARGV[3] retention ms,
 -- ARGV[4] publish command (the channel as in release.lua), ARGV[5] record
--- name, ARGV[6] waited-for mark, ARGV[7] the holder record (see
--- acquire.lua, deleted with the lock), ARGV[8] (optional, Redlock) record
--- writer
--- -> 1 stored and released, 0 not owner (nothing stored)
+-- name, ARGV[6] waited-for mark, ARGV[7] the holder record's own name
+-- ('' without fencing), where a lock granted by an older version keeps it
+-- (its value the owner alone): deleted with the lock, ARGV[8] (optional,
+-- Redlock) record writer
+-- -> 1 stored and released, 0 not owner (nothing stored; see owner.lua)
 -- The record writer (the owner token, kept as long as the record) lets a
 -- Redlock finish that missed its quorum take back exactly what it wrote.
 -- Publishes only when a waiter marked the lock, as release.lua does. Only
@@ -11,11 +12,12 @@
 -- the record's name is not there, nothing is stored and the error answers
 -- (the lock stays): the store then writes the record where the slot goes
 -- and releases (`finish_while_migrating` in scripts.rs).
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+if owned_by(v, ARGV[1]) then
   local stored = redis.pcall('SET', ARGV[5], ARGV[2], 'PX', ARGV[3])
   if stored.err then return stored end
   if ARGV[8] then redis.call('SET', ARGV[8], ARGV[1], 'PX', ARGV[3]) end
-  redis.pcall('DEL', ARGV[7])
+  if ARGV[7] ~= '' and v == ARGV[1] then redis.pcall('DEL', ARGV[7]) end
   local n = redis.pcall('DEL', KEYS[1], ARGV[6])
   if type(n) == 'table' then
     redis.call('DEL', KEYS[1])

@@ -1,4 +1,6 @@
--- KEYS[1] lock; ARGV[1] holder record, ARGV[2] waited-for mark, ARGV[3]
+-- KEYS[1] lock; ARGV[1] the holder record's own name ('' without
+-- fencing), where a lock granted by an older version keeps it (its value
+-- the owner alone, no space: see owner.lua), ARGV[2] waited-for mark, ARGV[3]
 -- publish command, ARGV[4] bucket fence counter ('' without fencing),
 -- ARGV[5] fence retention ms
 -- -> {released 0/1, fence}: an operator's release, whoever holds the lock.
@@ -8,13 +10,16 @@
 -- to a fenced resource and shut the old holder out at once. Waiters are
 -- woken as by a release.
 local released = 0
-if redis.call('EXISTS', KEYS[1]) == 1 then
+local v = redis.call('GET', KEYS[1])
+if v then
   local n = redis.pcall('DEL', KEYS[1], ARGV[2])
   if type(n) == 'table' then
     redis.call('DEL', KEYS[1])
     n = 2
   end
-  redis.pcall('DEL', ARGV[1])
+  if ARGV[1] ~= '' and not string.find(v, ' ', 1, true) then
+    redis.pcall('DEL', ARGV[1])
+  end
   if n > 1 then
     redis.pcall(ARGV[3], string.sub(KEYS[1], 1, -5) .. 'released', '')
   end

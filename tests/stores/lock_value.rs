@@ -1,0 +1,331 @@
+//! The lock's value with fencing on Redis: the owner token, a space and the
+//! holder record (`<token> <granted µs> <label>`), in one key. Every owner
+//! check takes the owner alone or the owner and a space, nothing else; a
+//! lock an older version wrote (the owner alone, the record in a name of
+//! its own) is still renewed, handed over, released and shown; a fenced
+//! cycle costs the commands it should, and an attempt that does not grant
+//! leaves the bucket's counter where it was or above.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::support;
+use support::{RedisServer, Reply, stores};
+
+use tower_redis_lock::{
+    AcquireOutcome, FencingToken, HolderId, HolderLabel, LockKey, LockStore, OwnerToken, RedisStore,
+};
+
+const NS: &str = "value";
+const LEASE: Duration = Duration::from_secs(20);
+
+fn key(id: &str) -> LockKey {
+    LockKey::new(NS, id).unwrap()
+}
+
+fn name(id: &str, suffix: &str) -> String {
+    stores::redis_name(NS, id, suffix)
+}
+
+fn get(server: &RedisServer, name: &str) -> Option<String> {
+    server.cmd(&["GET", name]).as_string()
+}
+
+fn pttl(server: &RedisServer, name: &str) -> i64 {
+    server.cmd(&["PTTL", name]).as_int().unwrap()
+}
+
+fn granted(outcome: AcquireOutcome) -> FencingToken {
+    match outcome {
+        AcquireOutcome::Granted(t) => t,
+        other => panic!("not granted: {other:?}"),
+    }
+}
+
+/// A fenced grant writes the lock's value as the owner, a space, the
+/// token, the grant's server time and the label (spaces and all), and no
+/// other name beside the counter; `inspect` reads it back.
+#[tokio::test]
+async fn the_value_carries_the_holder_record_and_inspect_reads_it() {
+    let (store, server) = stores::redis();
+    let owner = OwnerToken::generate();
+    let label = HolderLabel::new("web 7 pid 42 (blue)").unwrap();
+    let k = key("record");
+    let before = std::time::SystemTime::now();
+    let token = granted(
+        store
+            .acquire_labelled(&k, &owner, LEASE, Some(&label), false)
+            .await
+            .unwrap(),
+    );
+    let value = get(&server, &name("record", "lock")).unwrap();
+    let (head, record) = value.split_at(OwnerToken::LEN);
+    assert_eq!(head, owner.as_str());
+    let mut parts = record.splitn(4, ' ');
+    assert_eq!(parts.next(), Some(""), "{value}");
+    assert_eq!(parts.next(), Some(token.to_string().as_str()), "{value}");
+    let granted_us: u64 = parts.next().unwrap().parse().unwrap();
+    assert!(granted_us <= token.get(), "{value}");
+    assert_eq!(parts.next(), Some(label.as_str()), "{value}");
+    assert_eq!(
+        server.keys(),
+        [name("record", "fence"), name("record", "lock")],
+        "a name beside the lock and the counter"
+    );
+    let seen = store.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(seen.holder, HolderId::of(&owner));
+    assert_eq!(seen.label.as_ref(), Some(&label));
+    assert_eq!(seen.fencing_token, Some(token));
+    let at = seen.granted_at.unwrap();
+    let drift = Duration::from_secs(5);
+    assert!(at + drift >= before && at <= std::time::SystemTime::now() + drift);
+    assert!(seen.remaining.unwrap() <= LEASE);
+    // Without a label: the record still reads back, without one.
+    let other = OwnerToken::generate();
+    let k2 = key("unlabelled");
+    let t2 = granted(store.acquire(&k2, &other, LEASE).await.unwrap());
+    let seen = store.inspect(&k2).await.unwrap().unwrap();
+    assert_eq!((seen.fencing_token, seen.label), (Some(t2), None));
+}
+
+/// Values that only look like the owner's are not: another owner's token
+/// (exactly 32 characters, or with a record), the owner's token followed by anything but a
+/// space, a value cut inside the token, its first 31 characters with a
+/// space. Each refuses release, renewal, hand-over, finish, the multi-key
+/// release and a re-entry, and is left as it was; the owner's own value,
+/// with a record or without one, is its.
+#[tokio::test]
+async fn only_the_owner_alone_or_the_owner_and_a_space_is_the_owners() {
+    let (store, server) = stores::redis();
+    let owner = OwnerToken::generate();
+    let lock = name("trick", "lock");
+    let k = key("trick");
+    let next = OwnerToken::generate();
+    let tricks = [
+        OwnerToken::generate().as_str().to_owned(),
+        format!("{} 5 6 web", OwnerToken::generate().as_str()),
+        format!("{}x", owner.as_str()),
+        format!("{}0 5 6 web", owner.as_str()),
+        format!("{}\t5 6 web", owner.as_str()),
+        owner.as_str()[..31].to_owned(),
+        format!("{} 5 6 web", &owner.as_str()[..31]),
+    ];
+    for v in &tricks {
+        server.cmd(&["SET", &lock, v, "PX", "20000"]);
+        assert!(!store.release(&k, &owner).await.unwrap(), "{v:?}");
+        assert!(!store.extend(&k, &owner, LEASE).await.unwrap(), "{v:?}");
+        assert!(
+            !store.transfer(&k, &owner, &next, LEASE).await.unwrap(),
+            "{v:?}"
+        );
+        let record = Bytes::from_static(b"done");
+        assert!(
+            !store.finish(&k, &owner, record, LEASE).await.unwrap(),
+            "{v:?}"
+        );
+        assert_eq!(
+            store
+                .release_all(std::slice::from_ref(&k), &owner)
+                .await
+                .unwrap(),
+            [false],
+            "{v:?}"
+        );
+        assert!(
+            matches!(
+                store.acquire(&k, &owner, LEASE).await.unwrap(),
+                AcquireOutcome::Held { .. }
+            ),
+            "{v:?}"
+        );
+        assert_eq!(get(&server, &lock).as_deref(), Some(v.as_str()));
+        assert!(pttl(&server, &lock) <= 20_000, "{v:?}: renewed");
+    }
+    // The owner's own: with a record, then alone (an older version's).
+    for v in [
+        format!("{} 5 6 web 7", owner.as_str()),
+        owner.as_str().to_owned(),
+    ] {
+        server.cmd(&["SET", &lock, &v, "PX", "20000"]);
+        assert!(
+            store
+                .extend(&k, &owner, Duration::from_secs(60))
+                .await
+                .unwrap()
+        );
+        assert!(pttl(&server, &lock) > 40_000, "{v:?}: not renewed");
+        assert!(store.release(&k, &owner).await.unwrap(), "{v:?}");
+        assert_eq!(get(&server, &lock), None);
+    }
+}
+
+/// A hand-over keeps the holder record (the hold is the same grant) under
+/// the new owner; the old owner is refused from then on.
+#[tokio::test]
+async fn a_hand_over_keeps_the_record_under_the_new_owner() {
+    let (store, server) = stores::redis();
+    let (from, to) = (OwnerToken::generate(), OwnerToken::generate());
+    let k = key("handover");
+    let token = granted(store.acquire(&k, &from, LEASE).await.unwrap());
+    let before = get(&server, &name("handover", "lock")).unwrap();
+    assert!(store.transfer(&k, &from, &to, LEASE).await.unwrap());
+    let after = get(&server, &name("handover", "lock")).unwrap();
+    assert_eq!(
+        after,
+        format!("{}{}", to.as_str(), &before[OwnerToken::LEN..])
+    );
+    let seen = store.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(
+        (seen.holder, seen.fencing_token),
+        (HolderId::of(&to), Some(token))
+    );
+    assert!(!store.release(&k, &from).await.unwrap());
+    assert!(store.release(&k, &to).await.unwrap());
+}
+
+/// A lock an older version wrote: its value the owner alone, its holder
+/// record in `…:<id>:holder`. Inspect shows that record (its label with
+/// spaces); a renewal renews it with the lock, a hand-over keeps it, the
+/// release deletes it; a finish and a forced release delete it too, and a
+/// re-entry answers a token valid for the hold.
+#[tokio::test]
+async fn a_lock_of_an_older_version_is_renewed_handed_over_released_and_shown() {
+    let (store, server) = stores::redis();
+    let owner = OwnerToken::generate();
+    let k = key("old");
+    let (lock, holder) = (name("old", "lock"), name("old", "holder"));
+    let old = |owner: &OwnerToken| {
+        server.cmd(&["SET", &lock, owner.as_str(), "PX", "20000"]);
+        server.cmd(&["SET", &holder, "5 6 old web 7", "PX", "20000"]);
+    };
+    old(&owner);
+    let seen = store.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(seen.holder, HolderId::of(&owner));
+    assert_eq!(seen.fencing_token, Some(FencingToken::new(5)));
+    assert_eq!(
+        seen.label.as_ref().map(HolderLabel::as_str),
+        Some("old web 7")
+    );
+    assert!(
+        store
+            .extend(&k, &owner, Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    assert!(pttl(&server, &holder) > 40_000, "not renewed with the lock");
+    let next = OwnerToken::generate();
+    assert!(
+        store
+            .transfer(&k, &owner, &next, Duration::from_secs(90))
+            .await
+            .unwrap()
+    );
+    assert_eq!(get(&server, &lock).as_deref(), Some(next.as_str()));
+    assert!(pttl(&server, &holder) > 70_000, "not kept with the lock");
+    assert!(store.release(&k, &next).await.unwrap());
+    assert_eq!(
+        server.keys().iter().filter(|n| n.contains(":old:")).count(),
+        0
+    );
+
+    old(&owner);
+    assert!(
+        store
+            .finish(&k, &owner, Bytes::from_static(b"done"), LEASE)
+            .await
+            .unwrap()
+    );
+    assert_eq!(server.cmd(&["EXISTS", &holder]), Reply::Int(0), "finish");
+    old(&owner);
+    assert!(store.force_release(&k).await.unwrap().released);
+    assert_eq!(server.cmd(&["EXISTS", &holder]), Reply::Int(0), "forced");
+    // A re-entry on it: the counter, at least its grant's.
+    old(&owner);
+    server.cmd(&["SET", &name("old", "fence"), "7", "PX", "600000"]);
+    assert_eq!(
+        granted(store.acquire(&k, &owner, LEASE).await.unwrap()),
+        FencingToken::new(7)
+    );
+    assert_eq!(
+        store
+            .release_all(std::slice::from_ref(&k), &owner)
+            .await
+            .unwrap(),
+        [true]
+    );
+    assert_eq!(
+        server.cmd(&["EXISTS", &holder]),
+        Reply::Int(0),
+        "release_all"
+    );
+}
+
+/// The counter is written before the grant is known: an attempt that
+/// finds the lock held leaves it at least where it was (put back where it
+/// is ahead of the clock), and a re-entry leaves it exactly as it was, so
+/// that a second re-entry still answers the grant's token.
+#[tokio::test]
+async fn attempts_that_do_not_grant_never_lower_the_counter() {
+    let (store, server) = stores::redis();
+    let (a, b) = (OwnerToken::generate(), OwnerToken::generate());
+    let k = key("counter");
+    let fence = name("counter", "fence");
+    let first = granted(store.acquire(&k, &a, LEASE).await.unwrap());
+    for _ in 0..2 {
+        assert_eq!(granted(store.acquire(&k, &a, LEASE).await.unwrap()), first);
+        assert_eq!(get(&server, &fence), Some(first.to_string()));
+    }
+    let ahead = "9000000000000000";
+    server.cmd(&["SET", &fence, ahead, "PX", "600000"]);
+    assert!(matches!(
+        store.acquire(&k, &b, LEASE).await.unwrap(),
+        AcquireOutcome::Held { remaining: Some(r) } if r <= LEASE && r > LEASE / 2
+    ));
+    assert_eq!(get(&server, &fence).as_deref(), Some(ahead), "lowered");
+    assert!(store.release(&k, &a).await.unwrap());
+    assert_eq!(
+        granted(store.acquire(&k, &b, LEASE).await.unwrap()).get(),
+        9_000_000_000_000_001
+    );
+}
+
+/// What a fenced cycle costs on one primary: the grant's `EVALSHA` and its
+/// `TIME`, `SET` of the counter and `SET` of the lock, the release's
+/// `EVALSHA`, `GET` and `DEL`; a renewal is `EVALSHA`, `GET` and `PEXPIRE`.
+/// No holder record of its own to write, renew or delete.
+#[tokio::test]
+async fn a_fenced_cycle_costs_seven_commands_and_a_renewal_three() {
+    let server = RedisServer::start();
+    let store = RedisStore::from_url(&server.url()).unwrap();
+    let owner = OwnerToken::generate();
+    let k = key("cost");
+    // Warm: connection and script loads.
+    store.acquire(&k, &owner, LEASE).await.unwrap();
+    assert!(store.release(&k, &owner).await.unwrap());
+    let ran = || {
+        let mut stats = server.command_stats();
+        stats.retain(|name, _| !name.starts_with("config") && !name.starts_with("info"));
+        stats.into_iter().collect::<Vec<_>>()
+    };
+    server.reset_stats();
+    store.acquire(&k, &owner, LEASE).await.unwrap();
+    assert!(store.release(&k, &owner).await.unwrap());
+    let cycle: Vec<(String, u64)> = [
+        ("del", 1),
+        ("evalsha", 2),
+        ("get", 1),
+        ("set", 2),
+        ("time", 1),
+    ]
+    .map(|(n, c)| (n.to_owned(), c))
+    .into();
+    assert_eq!(ran(), cycle, "a fenced acquire and release");
+    store.acquire(&k, &owner, LEASE).await.unwrap();
+    server.reset_stats();
+    assert!(store.extend(&k, &owner, LEASE).await.unwrap());
+    let renewal: Vec<(String, u64)> = [("evalsha", 1), ("get", 1), ("pexpire", 1)]
+        .map(|(n, c)| (n.to_owned(), c))
+        .into();
+    assert_eq!(ran(), renewal, "a renewal");
+}
