@@ -116,32 +116,39 @@ impl RedisStore {
                 scripted.push(i);
             }
         }
+        // With fencing, each renewal names its holder record (a lock's; ''
+        // for the other kinds): see extend_batch.lua for the layout.
+        let holders = self.inner.fencing;
+        let width = if holders { 3 } else { 2 };
         for chunk in scripted.chunks(SCRIPT_BATCH) {
             let mut keys: Vec<Name<'_>> = Vec::with_capacity(chunk.len());
-            let mut args: Vec<Argv<'_>> = Vec::with_capacity(4 * chunk.len());
+            let mut kinds = String::with_capacity(chunk.len());
+            let mut args: Vec<Argv<'_>> = Vec::with_capacity(2 + width * chunk.len());
+            // ARGV[1], the kinds, once they are all known.
+            args.extend([Argv::Str(""), Argv::Str(if holders { "1" } else { "" })]);
             for (item, &i) in chunk.iter().enumerate() {
                 let r = &renewals[i];
                 // A permit and a reader are renewed by extend_permit.lua,
                 // a lock and a writer by extend.lua; the holder record is
                 // a fenced lock's only.
                 let (kind, name, holder) = match (r.kind, r.kind.rw_mode()) {
-                    (LeaseKind::Permit, _) => ("p", PERMITS, None),
-                    (_, Some(mode @ RwMode::Read)) => ("p", rwlock::side(mode), None),
-                    (_, Some(mode)) => ("l", rwlock::side(mode), None),
-                    _ => ("l", LOCK, self.inner.fencing.then_some(HOLDER)),
+                    (LeaseKind::Permit, _) => ('p', PERMITS, None),
+                    (_, Some(mode @ RwMode::Read)) => ('p', rwlock::side(mode), None),
+                    (_, Some(mode)) => ('l', rwlock::side(mode), None),
+                    _ => ('l', LOCK, holders.then_some(HOLDER)),
                 };
                 keys.push(self.name(&r.key, name));
-                args.extend([
-                    Argv::Str(kind),
-                    Argv::Str(r.owner.as_str()),
-                    Argv::Int(ms(r.lease)),
-                    holder.map_or(Argv::Str(""), |h| Argv::Name(self.name(&r.key, h))),
-                ]);
+                kinds.push(kind);
+                args.extend([Argv::Str(r.owner.as_str()), Argv::Int(ms(r.lease))]);
+                if holders {
+                    args.push(holder.map_or(Argv::Str(""), |h| Argv::Name(self.name(&r.key, h))));
+                }
                 slots[i] = Slot::Script {
                     call: commands,
                     item,
                 };
             }
+            args[0] = Argv::Str(&kinds);
             pipe.add_command(evalsha(&EXTEND_BATCH, &keys, &args));
             commands += 1;
         }
