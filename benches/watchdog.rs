@@ -369,7 +369,7 @@ fn main() {
     );
     println!(
         "  redis-server time in the renewal commands: {:.3} µs per renewal (usec of EVALSHA + SET)",
-        per_renewal(evalsha_usec + set_usec) as f64
+        per_renewal(evalsha_usec + set_usec)
     );
     println!(
         "  ticks observed: {} (mean period {:.3} s, mean burst {:.0} ms as sampled every {} ms)",
