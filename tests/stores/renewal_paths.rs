@@ -328,3 +328,29 @@ async fn one_script_call_renews_every_kind_and_a_large_batch_is_split() {
     assert!(answers[..513].iter().all(|a| matches!(a, Ok(false))));
     assert!(matches!(answers[513], Ok(true)), "{:?}", answers[513]);
 }
+
+/// A user that may not run `INFO` (an ACL): the store still connects, names
+/// no server, and renews with the script, which every server runs (even a
+/// Valkey that has `SET … IFEQ`).
+#[tokio::test]
+async fn a_server_that_refuses_info_renews_with_the_script() {
+    let server = RedisServer::start_valkey(&[]);
+    let ok = server.cmd(&[
+        "ACL", "SETUSER", "no-info", "on", ">secret", "~*", "&*", "+@all", "-info",
+    ]);
+    assert_eq!(ok.as_string().as_deref(), Some("OK"), "{ok:?}");
+    let url = format!("redis://no-info:secret@127.0.0.1:{}/", server.port());
+    let store = RedisStore::builder(&url).fencing(false).build().unwrap();
+    let (k, owner) = (key("no-info"), OwnerToken::generate());
+    store.acquire(&k, &owner, SHORT).await.unwrap();
+    assert_eq!(store.detected_server(), None);
+    server.reset_stats();
+    let answers = store
+        .extend_many(&[renewal(&k, &owner, LEASE, LeaseKind::Lock)])
+        .await;
+    assert!(matches!(answers[..], [Ok(true)]), "{answers:?}");
+    assert_eq!(
+        ran(&server),
+        stats(&[("evalsha", 1), ("get", 1), ("pexpire", 1)])
+    );
+}
