@@ -183,13 +183,20 @@ impl RedisStore {
     }
 
     /// The extend script's arguments: the holder record only where grants
-    /// write one (with fencing).
+    /// write one (see [`renews_holder_record`](Self::renews_holder_record)).
     fn extend_args<'a, 'b>(&self, args: &'b [Argv<'a>; 3]) -> &'b [Argv<'a>] {
-        if self.inner.fencing {
+        if self.renews_holder_record() {
             &args[..]
         } else {
             &args[..2]
         }
+    }
+
+    /// Whether a lock's renewal names its holder record (extend.lua's
+    /// `ARGV[3]`): where grants write one, with fencing. One answer for the
+    /// renewal alone and in a batch (renew.rs).
+    fn renews_holder_record(&self) -> bool {
+        self.inner.fencing
     }
 
     fn notifier(&self) -> Option<&Notifier> {

@@ -118,7 +118,7 @@ impl RedisStore {
         }
         // With fencing, each renewal names its holder record (a lock's; ''
         // for the other kinds): see extend_batch.lua for the layout.
-        let holders = self.inner.fencing;
+        let holders = self.renews_holder_record();
         let width = if holders { 3 } else { 2 };
         for chunk in scripted.chunks(SCRIPT_BATCH) {
             let mut keys: Vec<Name<'_>> = Vec::with_capacity(chunk.len());
