@@ -1,29 +1,46 @@
 //! The watchdog under load: 10,000 locks held at once with a 3 s lease,
-//! kept for 30 s, on one `redis-server` started by the test support.
+//! kept for 30 s, on one server started by the test support
+//! (`redis-server`, or `REDIS_SERVER_BIN`: a `valkey-server`).
 //!
 //! One `Locker::builder(RedisStore::from_url(..)).lease(3 s)` on a
 //! current-thread tokio runtime takes 10,000 distinct keys (64 tasks taking
 //! them in turn), then holds every guard for 30 s while its watchdog renews
-//! them (every lease/3 = 1 s, in pipelined batches of 512 `EVALSHA`s). It
-//! reports:
+//! them (every lease/3 = 1 s, in pipelined batches of 512: one call of the
+//! batch renewal script each, or on Valkey 8.1 and later without fencing
+//! one `SET … IFEQ` per lock). It reports:
 //!
 //! * locks lost: guards not held at the end, the lowest number held at any
-//!   check during the 30 s (every 500 ms), and releases that found the lock
-//!   no longer ours (`release` answering `false`); must all be 0;
-//! * renewals: `EVALSHA` calls during the 30 s (`INFO commandstats`),
-//!   grouped into ticks by a thread that samples the counter every 10 ms
-//!   (a tick is a burst of calls with less than 100 ms between samples that
-//!   saw calls). The baseline is one round trip per lock per tick, 10,000;
-//!   batches of 512 make that 20 pipelines (inferred from the batch size:
-//!   Redis does not count pipelines);
+//!   check during the hold (every 500 ms), and releases that found the
+//!   lock no longer ours (`release` answering `false`); must all be 0;
+//! * renewals: the renewal commands Redis was sent during the hold
+//!   (`EVALSHA` and `SET`, `INFO commandstats`), grouped into ticks by a
+//!   thread that samples the counters (a tick is a burst of calls with
+//!   less than [`QUIET`] between samples that saw calls); every command
+//!   Redis ran (those scripts ran included) per renewal; and the µs
+//!   Redis spent in the renewal commands per renewal (`usec`). Renewals
+//!   are counted in Redis: one `GET` each on the script path (extend.lua's
+//!   owner check), one `SET` each on the `IFEQ` path;
 //! * client CPU: `utime + stime` of this process (`/proc/self/stat`) and of
-//!   the runtime thread alone (`/proc/self/task/<pid>/stat`) over the 30 s,
-//!   as a percentage of one CPU; `redis-server`'s from `INFO cpu`;
+//!   the runtime thread alone (`/proc/self/task/<pid>/stat`) over the hold,
+//!   as a percentage of one CPU, and the thread's less the bench's own
+//!   checks of every guard (timed with the thread's CPU clock); the server's from `INFO cpu`, in all and
+//!   less the sampler's own `INFO` calls (their `usec`), and the renewal
+//!   commands' `usec` alone, each as a percentage of one CPU;
 //! * memory per held lock: the growth of this process's resident set
-//!   (`/proc/self/statm`) from before the 10,000 acquires to after them,
-//!   divided by 10,000.
+//!   (`/proc/self/statm`) from before the acquires to after them, divided
+//!   by the number of locks.
 //!
 //! Run with `taskset -c 0 cargo bench --bench watchdog` (about 35 s).
+//! The environment changes the case:
+//!
+//! * `WATCHDOG_LOCKS` (10,000), `WATCHDOG_LEASE_MS` (3,000) and
+//!   `WATCHDOG_HOLD_MS` (30 s, or four renewal periods if longer). The
+//!   goal's case, 100,000 locks at the default lease:
+//!   `WATCHDOG_LOCKS=100000 WATCHDOG_LEASE_MS=30000 cargo bench --bench watchdog`
+//!   (about 50 s);
+//! * `WATCHDOG_FENCING=0`: a store with `fencing(false)` (on Valkey 8.1
+//!   and later, the `SET … IFEQ` renewals).
+//!
 //! `cargo test --benches` runs a short version (200 locks for 2 s).
 
 #[path = "../tests/support/mod.rs"]
@@ -45,18 +62,29 @@ use tower_redis_lock::{LockGuard, LockKey, Locker, RedisStore};
 /// say what they measured).
 const RENEW_BATCH: usize = 512;
 
-/// Locks held at once.
+/// Locks held at once (`WATCHDOG_LOCKS`).
 const LOCKS: usize = 10_000;
-/// Their lease; the watchdog renews every lease/3.
+/// Their lease (`WATCHDOG_LEASE_MS`); the watchdog renews every lease/3.
 const LEASE: Duration = Duration::from_secs(3);
-/// How long they are held.
+/// How long they are held at least (`WATCHDOG_HOLD_MS`).
 const HOLD: Duration = Duration::from_secs(30);
 /// Tasks taking the locks.
 const TASKS: usize = 64;
-/// How often the sampler reads the `EVALSHA` counter.
+/// How often the sampler reads the renewal commands' counters.
 const SAMPLE_EVERY: Duration = Duration::from_millis(10);
 /// Samples with calls closer than this belong to one tick.
 const QUIET: Duration = Duration::from_millis(100);
+
+/// A number from the environment, or `default`.
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name}={v}: not a number"))
+        })
+        .unwrap_or(default)
+}
 /// How often the hold loop checks every guard.
 const CHECK_EVERY: Duration = Duration::from_millis(500);
 /// `getconf PAGESIZE` on x86-64 Linux: the unit of `/proc/self/statm`.
@@ -91,6 +119,18 @@ fn cpu_seconds(path: &str) -> f64 {
     (ticks(11) + ticks(12)) as f64 / CLK_TCK
 }
 
+/// CPU seconds of the calling thread (`CLOCK_THREAD_CPUTIME_ID`, finer
+/// than `/proc`'s ticks).
+fn thread_cpu() -> f64 {
+    // SAFETY: `clock_gettime` only writes into the zeroed struct we pass.
+    let ts = unsafe {
+        let mut ts: libc::timespec = std::mem::zeroed();
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts);
+        ts
+    };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
 /// CPU seconds of the whole process and of the main (runtime) thread.
 fn client_cpu() -> (f64, f64) {
     let pid = std::process::id();
@@ -108,8 +148,8 @@ fn command_stat(info: &str, command: &str) -> (u64, u64) {
         .unwrap_or_default()
 }
 
-/// A thread that reads the `EVALSHA` counter every [`SAMPLE_EVERY`] over
-/// one connection of its own.
+/// A thread that reads the renewal commands' counters (`EVALSHA` and
+/// `SET`) every [`SAMPLE_EVERY`] over one connection of its own.
 struct Sampler {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<Vec<(Instant, u64)>>,
@@ -128,7 +168,8 @@ impl Sampler {
                     .arg("commandstats")
                     .query(&mut conn)
                     .expect("INFO commandstats");
-                samples.push((Instant::now(), command_stat(&info, "evalsha").0));
+                let calls = command_stat(&info, "evalsha").0 + command_stat(&info, "set").0;
+                samples.push((Instant::now(), calls));
                 std::thread::sleep(SAMPLE_EVERY);
             }
             samples
@@ -217,17 +258,25 @@ async fn release_all(guards: Vec<LockGuard>) -> usize {
 fn main() {
     // `cargo test --benches` (no `--bench`) runs a short version.
     let real = common::full_run();
+    let lease = Duration::from_millis(env_or("WATCHDOG_LEASE_MS", LEASE.as_millis() as u64));
+    let hold = Duration::from_millis(env_or("WATCHDOG_HOLD_MS", HOLD.as_millis() as u64))
+        .max(lease / 3 * 4);
+    let fencing = env_or("WATCHDOG_FENCING", 1) != 0;
     let (locks, hold) = if real {
-        (LOCKS, HOLD)
+        (env_or("WATCHDOG_LOCKS", LOCKS as u64) as usize, hold)
     } else {
         (200, Duration::from_secs(2))
     };
+    let lease = if real { lease } else { LEASE };
 
     let server = RedisServer::start();
     let rt = common::runtime();
-    let store = RedisStore::from_url(&server.url()).expect("store");
-    let locker = Locker::builder(store)
-        .lease(LEASE)
+    let store = RedisStore::builder(&server.url())
+        .fencing(fencing)
+        .build()
+        .expect("store");
+    let locker = Locker::builder(store.clone())
+        .lease(lease)
         .renew_batch(RENEW_BATCH)
         .build()
         .expect("locker");
@@ -252,13 +301,19 @@ fn main() {
     let (process0, thread0) = client_cpu();
     let server0 = common::server_cpu(&server).as_secs_f64();
     let start = Instant::now();
-    let min_held = rt.block_on(async {
+    let (min_held, checking) = rt.block_on(async {
         let mut min_held = guards.len();
+        // The CPU the checks themselves take (this thread's), so that the
+        // client's figure can be given without them: 100,000 guards
+        // checked twice a second cost more than their renewals.
+        let mut checking = 0.0;
         while start.elapsed() < hold {
             tokio::time::sleep(CHECK_EVERY.min(hold.saturating_sub(start.elapsed()))).await;
+            let before = thread_cpu();
             min_held = min_held.min(guards.iter().filter(|g| g.is_held()).count());
+            checking += thread_cpu() - before;
         }
-        min_held
+        (min_held, checking)
     });
     let wall = start.elapsed().as_secs_f64();
     let (process1, thread1) = client_cpu();
@@ -268,7 +323,18 @@ fn main() {
         .cmd(&["INFO", "commandstats"])
         .as_string()
         .unwrap_or_default();
-    let (evalsha, evalsha_usec) = command_stat(&info, "evalsha");
+    let stats = support::parse_command_stats(&info);
+    let stat = |command: &str| stats.get(command).copied().unwrap_or_default();
+    let (evalsha, evalsha_usec) = stat("evalsha");
+    let (set, set_usec) = stat("set");
+    let (_, info_usec) = stat("info");
+    // One `GET` per renewal on the script path, one `SET` on IFEQ's.
+    let renewals = stat("get").0 + set;
+    let all_calls: u64 = stats
+        .iter()
+        .filter(|(name, _)| !name.starts_with("info") && !name.starts_with("config"))
+        .map(|(_, (calls, _))| calls)
+        .sum();
 
     let held_at_end = guards.iter().filter(|g| g.is_held()).count();
     let renewing_end = locker.renewing();
@@ -276,11 +342,6 @@ fn main() {
 
     let ticks = ticks(&samples);
     let per_tick: Vec<u64> = ticks.iter().map(|t| t.calls).collect();
-    let full: Vec<u64> = per_tick
-        .iter()
-        .copied()
-        .filter(|&c| c as usize >= locks / 2)
-        .collect();
     let period = if ticks.len() > 1 {
         ticks
             .windows(2)
@@ -295,12 +356,18 @@ fn main() {
         .map(|t| t.end.duration_since(t.start).as_secs_f64() * 1e3)
         .sum::<f64>()
         / ticks.len().max(1) as f64;
+    let per_renewal = |n: u64| n as f64 / renewals.max(1) as f64;
+    let pct = |seconds: f64| seconds / wall * 100.0;
 
     println!();
     println!(
-        "watchdog: {locks} locks, lease {} s, held {wall:.1} s (renewal every {} ms, batches of {RENEW_BATCH})",
-        LEASE.as_secs(),
-        (LEASE / 3).as_millis()
+        "watchdog: {locks} locks, lease {} ms, fencing {fencing}, on {}, held {wall:.1} s \
+         (renewal every {} ms, batches of {RENEW_BATCH})",
+        lease.as_millis(),
+        store
+            .detected_server()
+            .unwrap_or_else(|| "an unnamed server".into()),
+        (lease / 3).as_millis()
     );
     println!(
         "  acquired in {:.0} ms from {TASKS} tasks; renewing: {renewing_start} at start, {renewing_end} at end",
@@ -313,9 +380,15 @@ fn main() {
         locks - owned
     );
     println!(
-        "  EVALSHA during the hold: {evalsha} ({:.0}/s, {:.2} µs each in redis-server)",
-        evalsha as f64 / wall,
-        evalsha_usec as f64 / evalsha.max(1) as f64
+        "  renewals during the hold: {renewals} ({:.0}/s); EVALSHA {evalsha}, SET {set}: \
+         {:.4} EVALSHA and {:.3} commands in all (scripts' included) per renewal",
+        renewals as f64 / wall,
+        per_renewal(evalsha),
+        per_renewal(all_calls),
+    );
+    println!(
+        "  redis-server time in the renewal commands: {:.3} µs per renewal (usec of EVALSHA + SET)",
+        per_renewal(evalsha_usec + set_usec)
     );
     println!(
         "  ticks observed: {} (mean period {:.3} s, mean burst {:.0} ms as sampled every {} ms)",
@@ -325,23 +398,30 @@ fn main() {
         SAMPLE_EVERY.as_millis()
     );
     println!(
-        "  EVALSHA per tick: mean {:.0}, min {}, max {}; {} ticks renewed at least half the locks, {:.0} on average",
+        "  renewal commands (EVALSHA + SET) per tick: mean {:.0}, min {}, max {}; per-tick counts: {per_tick:?}",
         per_tick.iter().sum::<u64>() as f64 / per_tick.len().max(1) as f64,
         per_tick.iter().min().copied().unwrap_or(0),
         per_tick.iter().max().copied().unwrap_or(0),
-        full.len(),
-        full.iter().sum::<u64>() as f64 / full.len().max(1) as f64
     );
     println!(
         "  round trips per renewal of all {locks}: {} pipelines (batch {RENEW_BATCH}) against {locks} one by one",
         locks.div_ceil(RENEW_BATCH)
     );
-    println!("  per-tick EVALSHA counts: {per_tick:?}");
     println!(
-        "  client CPU: {:.2} % of one CPU (process), {:.2} % (runtime thread); redis-server: {:.2} %",
-        (process1 - process0) / wall * 100.0,
-        (thread1 - thread0) / wall * 100.0,
-        (server1 - server0) / wall * 100.0
+        "  client CPU: {:.2} % of one CPU (process), {:.2} % (runtime thread), \
+         {:.2} % (runtime thread less the bench's own checks of every guard, {:.3} s)",
+        pct(process1 - process0),
+        pct(thread1 - thread0),
+        pct(thread1 - thread0 - checking),
+        checking,
+    );
+    println!(
+        "  redis-server CPU: {:.2} % of one CPU (INFO cpu), {:.2} % less the sampler's INFO \
+         ({:.3} s of usec), {:.3} % in the renewal commands (usec)",
+        pct(server1 - server0),
+        pct(server1 - server0 - info_usec as f64 / 1e6),
+        info_usec as f64 / 1e6,
+        pct((evalsha_usec + set_usec) as f64 / 1e6),
     );
     println!(
         "  memory: RSS {:.1} MiB before, {:.1} MiB after acquiring: {:.0} bytes per held lock",

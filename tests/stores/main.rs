@@ -19,6 +19,7 @@ mod noscript;
 mod operator;
 mod pubsub_leak;
 mod release_notice;
+mod renewal_paths;
 mod replicas;
 mod rwlock;
 mod semaphore;

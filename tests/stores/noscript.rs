@@ -61,7 +61,7 @@ fn flush_scripts(server: &RedisServer) {
 
 /// The calls since [`flush_scripts`] loaded `n` scripts: each call met
 /// `NOSCRIPT` and loaded its script once (the connection was not reopened,
-/// which would load the usual four).
+/// which would load the usual five).
 fn reloaded(server: &RedisServer, n: u64) {
     assert_eq!(
         server.command_calls("script|load"),

@@ -8,6 +8,7 @@ use redis::aio::MultiplexedConnection;
 
 use super::RedisStore;
 use super::scripts::PRELOADED;
+use super::server::Server;
 use super::source::{Conn, Source, timeout_error, unbounded_responses};
 #[cfg(feature = "cluster")]
 use crate::error::ConfigError;
@@ -85,21 +86,41 @@ impl RedisStore {
             // answers. (Connections the store opens itself have none.)
             c.set_response_timeout(self.inner.timeout.saturating_add(Duration::from_secs(1)));
         }
+        let mut server = None;
         #[cfg_attr(not(feature = "cluster"), allow(irrefutable_let_patterns))]
         if let Conn::Single(_) = conn {
             // Load the scripts once per connection, in one round trip, so
             // that first uses do not pay for a NOSCRIPT answer. (EVALSHA
             // still falls back to loading if the script cache is flushed; on
             // a cluster that fallback loads them where they are needed.)
+            // In the same round trip, which server this is (server.rs).
             let mut load = redis::pipe();
+            load.ignore_errors();
             for src in PRELOADED {
-                load.cmd("SCRIPT").arg("LOAD").arg(src).ignore();
+                load.cmd("SCRIPT").arg("LOAD").arg(src);
             }
-            load.query_async::<()>(&mut conn)
+            load.cmd("INFO").arg("server");
+            let mut answers: Vec<redis::RedisResult<redis::Value>> = load
+                .query_async(&mut conn)
                 .await
                 .map_err(|e| Error::from_redis(op, key, e))?;
+            let info = answers.pop();
+            for loaded in answers {
+                loaded.map_err(|e| Error::from_redis(op, key, e))?;
+            }
+            server = match info {
+                Some(Ok(text)) => redis::from_redis_value::<String>(text)
+                    .ok()
+                    .and_then(|text| Server::from_info(&text)),
+                // `INFO` refused (an ACL, a renamed command): a server we
+                // cannot name takes the Lua paths, which every server runs.
+                _ => None,
+            };
         }
         self.check_eviction(&mut conn, op, key).await?;
+        // Before the connection is shared: a call on it reads the server
+        // it found.
+        *lock(&self.inner.server) = server;
         *lock(&self.inner.conn) = Some(conn.clone());
         *lock(&self.inner.conn_opened) = Some(std::time::Instant::now());
         #[cfg(feature = "cluster")]

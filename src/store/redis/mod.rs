@@ -24,8 +24,7 @@ use bytes::Bytes;
 
 use super::holder::{HolderInfo, HolderLabel, HolderPage, ListCursor};
 use super::{
-    AcquireAllOutcome, AcquireOutcome, ForcedRelease, LeaseKind, LockStore, ReleaseWatch, Renewal,
-    RwMode,
+    AcquireAllOutcome, AcquireOutcome, ForcedRelease, LockStore, ReleaseWatch, Renewal, RwMode,
 };
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
@@ -42,6 +41,7 @@ mod keys;
 mod multi;
 mod notifier;
 mod operator;
+mod renew;
 mod replicas;
 mod rwlock;
 mod scripts;
@@ -49,6 +49,7 @@ mod scripts;
 mod sentinel;
 #[cfg(feature = "sentinel")]
 mod sentinel_client;
+mod server;
 mod settings;
 mod source;
 mod tls;
@@ -56,11 +57,11 @@ mod tls;
 #[cfg(feature = "sentinel")]
 pub use data_nodes::{DataNodes, NodeTls};
 pub use eviction::EvictionCheck;
-use keys::{HOLDER, LOCK, PERMITS, RECORD, WAITED};
+use keys::{HOLDER, LOCK, RECORD, WAITED};
 use notifier::{Notifier, PubSubSource};
 pub use replicas::ReplicaShortfall;
 use replicas::WaitReplicas;
-use scripts::{Argv, EXTEND, EXTEND_PERMIT, RELEASE, ScriptCall, evalsha, is_no_script};
+use scripts::{Argv, RELEASE, ScriptCall};
 pub use settings::RedisStoreBuilder;
 use source::{Conn, Source};
 
@@ -69,7 +70,10 @@ use source::{Conn, Source};
 ///
 /// * acquire, extend and release are one Lua script and one round trip each
 ///   (EVALSHA, reloaded on `NOSCRIPT`); the grant mints the fencing token in
-///   the same script;
+///   the same script. The watchdog's renewals of a batch are one pipeline
+///   and one script call on one primary; on Valkey 8.1 or newer a lock
+///   without fencing is renewed with `SET … IFEQ`, no script (the server is
+///   read at connect, `INFO server`);
 /// * a lock `orders:42` lives at `trl:{orders:170}:42:lock` and its release
 ///   channel is `trl:{orders:170}:42:released`, where `170` is the lock's
 ///   fencing bucket (one of 1,024 per namespace, from a hash of the key); its
@@ -110,6 +114,10 @@ struct Inner {
     /// When the shared connection was opened: a cluster connection is
     /// replaced after a timeout only once it is a command timeout old.
     conn_opened: Mutex<Option<std::time::Instant>>,
+    /// The server the shared connection found when it opened (one primary
+    /// or Sentinel; `None` on a Cluster, or a server not named): which
+    /// commands renewals may use (server.rs).
+    server: Mutex<Option<server::Server>>,
     /// Held while a new connection is checked out, so a burst of requests
     /// after a disconnect opens one connection, not one each.
     connecting: tokio::sync::Mutex<()>,
@@ -175,13 +183,21 @@ impl RedisStore {
     }
 
     /// The extend script's arguments: the holder record's own name only
-    /// with fencing (a lock of an older version keeps it there).
+    /// with fencing (a lock of an older version keeps it there; see
+    /// [`renews_holder_record`](Self::renews_holder_record)).
     fn extend_args<'a, 'b>(&self, args: &'b [Argv<'a>; 3]) -> &'b [Argv<'a>] {
-        if self.inner.fencing {
+        if self.renews_holder_record() {
             &args[..]
         } else {
             &args[..2]
         }
+    }
+
+    /// Whether a lock's renewal names its holder record (extend.lua's
+    /// `ARGV[3]`): where grants write one, with fencing. One answer for the
+    /// renewal alone and in a batch (renew.rs).
+    fn renews_holder_record(&self) -> bool {
+        self.inner.fencing
     }
 
     fn notifier(&self) -> Option<&Notifier> {
@@ -288,18 +304,7 @@ impl LockStore for RedisStore {
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<bool, Error> {
-        let args = [
-            Argv::Str(owner.as_str()),
-            Argv::Int(ms(lease)),
-            Argv::Name(self.name(key, HOLDER)),
-        ];
-        let call = ScriptCall::new(&EXTEND, &[self.name(key, LOCK)], self.extend_args(&args));
-        let n: i64 = self
-            .with_conn(Operation::Extend, Some(key), |mut c| async move {
-                call.invoke(&mut c).await
-            })
-            .await?;
-        Ok(n == 1)
+        self.extend_lock(key, owner, lease).await
     }
 
     async fn transfer(
@@ -339,6 +344,11 @@ impl LockStore for RedisStore {
             // Keys of a batch live in many slots: send the renewals at once
             // on the cluster connection, which pipelines them per node. Each
             // answers for itself: a frozen node fails only its own keys.
+            // Not grouped by slot into batch script calls: a namespace's
+            // locks spread over 1,024 hash tags (one per fencing bucket),
+            // so a batch of 512 leases of one namespace meets about 400
+            // slots, 1.3 leases a slot, and a script call per slot would
+            // save next to nothing.
             return futures_util::future::join_all(
                 renewals
                     .iter()
@@ -346,71 +356,23 @@ impl LockStore for RedisStore {
             )
             .await;
         }
-        let mut pipe = redis::pipe();
-        // One answer per command: a server error of one (a key of the wrong
-        // type) must not fail the others.
-        pipe.ignore_errors();
-        for r in renewals {
-            let args = [
-                Argv::Str(r.owner.as_str()),
-                Argv::Int(ms(r.lease)),
-                Argv::Name(self.name(&r.key, HOLDER)),
-            ];
-            let (script, name, args) = match (r.kind, r.kind.rw_mode()) {
-                (LeaseKind::Permit, _) => (&EXTEND_PERMIT, PERMITS, &args[..2]),
-                // A reader is renewed as a permit is, the writer as a lock.
-                (_, Some(mode @ RwMode::Read)) => (&EXTEND_PERMIT, rwlock::side(mode), &args[..2]),
-                (_, Some(mode)) => (&EXTEND, rwlock::side(mode), &args[..2]),
-                _ => (&EXTEND, LOCK, self.extend_args(&args)),
-            };
-            pipe.add_command(evalsha(script, &[self.name(&r.key, name)], args));
-        }
-        let permits = renewals
-            .iter()
-            .any(|r| matches!(r.kind, LeaseKind::Permit | LeaseKind::Read));
-        let key = (renewals.len() == 1).then(|| &renewals[0].key);
-        let no_script = |a: &redis::RedisResult<i64>| matches!(a, Err(e) if is_no_script(e));
-        let answers: Vec<redis::RedisResult<i64>> = match self
-            .with_conn(Operation::Extend, key, |mut c| async move {
-                let answers: Vec<redis::RedisResult<i64>> = pipe.query_async(&mut c).await?;
-                if answers.iter().any(no_script) {
-                    EXTEND.load_async(&mut c).await?;
-                    if permits {
-                        EXTEND_PERMIT.load_async(&mut c).await?;
-                    }
-
-                    return pipe.query_async(&mut c).await;
-                }
-                Ok(answers)
-            })
-            .await
-        {
-            Ok(answers) => answers,
-            // The connection failed or timed out: every lease on it.
-            Err(e) => return super::error_for_each(e, renewals),
-        };
-        if answers.len() != renewals.len() {
-            let e = Error::Unavailable {
-                op: Operation::Extend,
-                key: None,
-                source: "the renewal pipeline answered the wrong number of replies".into(),
-            };
-            return super::error_for_each(e, renewals);
-        }
-        answers
-            .into_iter()
-            .zip(renewals)
-            .map(|(a, r)| match a {
-                Ok(n) => Ok(n == 1),
-                Err(e) => {
-                    self.forget_connection_on(&e);
-                    Err(Error::from_redis(Operation::Extend, Some(&r.key), e))
-                }
-            })
-            .collect()
+        // One primary: one pipeline, one script call per batch
+        // (renew.rs).
+        self.extend_batch(renewals).await
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
+        // Always the script, on every server. Valkey 9's `DELIFEQ` and
+        // Redis 8.4's `DELEX … IFEQ` delete the lock alone if it is ours,
+        // but a release must, in the same step, delete the waited-for mark
+        // and publish only if there was one (and, with fencing, delete the
+        // holder record). Sent after the owner-checked delete, in a second
+        // round trip or the same pipeline, the mark's `DEL` could come
+        // after another owner took the lock and a waiter marked it: that
+        // waiter's mark would be gone, and the next holder's release would
+        // not wake it (it polls until the lease ends). Sent in one
+        // `MULTI`, the mark's `DEL` would run even when the lock is not
+        // ours. So neither command can release here.
         let args = [
             Argv::Str(owner.as_str()),
             Argv::Str(self.publish_command()),

@@ -63,6 +63,22 @@ const RAISE_FENCE_SRC: &str = include_str!("scripts/raise_fence.lua");
 const ROLLBACK_SRC: &str = include_str!("scripts/rollback.lua");
 pub(super) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_SRC));
 pub(super) static ROLLBACK: LazyLock<Script> = LazyLock::new(|| Script::new(ROLLBACK_SRC));
+/// The renewal of a batch in one call: the owner check (owner.lua), the
+/// bodies of extend.lua and
+/// extend_permit.lua, unchanged, each wrapped as a function of its own
+/// `KEYS` and `ARGV`, then extend_batch.lua's loop, which runs the right
+/// one for each renewal. A renewal thus means the same alone and in a
+/// batch, whatever those bodies come to say.
+pub(super) const EXTEND_BATCH_SRC: &str = concat!(
+    include_str!("scripts/owner.lua"),
+    "local function extend_lock(KEYS, ARGV)\n",
+    include_str!("scripts/extend.lua"),
+    "\nend\nlocal function extend_permit(KEYS, ARGV)\n",
+    include_str!("scripts/extend_permit.lua"),
+    "\nend\n",
+    include_str!("scripts/extend_batch.lua")
+);
+pub(super) static EXTEND_BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_BATCH_SRC));
 const INSPECT_SRC: &str = include_str!("scripts/inspect.lua");
 const FORCE_RELEASE_SRC: &str = include_str!("scripts/force_release.lua");
 pub(super) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_SRC));
@@ -92,9 +108,10 @@ pub(super) static RELEASE_WRITER: LazyLock<Script> =
 /// The source of one of the scripts above (for loading it where a call
 /// goes; redis-rs keeps a `Script`'s code to itself).
 pub(super) fn source_of(script: &Script) -> &'static str {
-    let scripts: [(&Script, &'static str); 16] = [
+    let scripts: [(&Script, &'static str); 17] = [
         (&ACQUIRE, ACQUIRE_SRC),
         (&EXTEND, EXTEND_SRC),
+        (&EXTEND_BATCH, EXTEND_BATCH_SRC),
         (&TRANSFER, TRANSFER_SRC),
         (&RELEASE, RELEASE_SRC),
         (&FINISH, FINISH_SRC),
@@ -133,8 +150,15 @@ impl LoadFor for redis::aio::MultiplexedConnection {
 }
 
 /// The scripts every command connection loads up front (in one round trip,
-/// so that first uses do not pay for a `NOSCRIPT` answer).
-pub(super) const PRELOADED: [&str; 4] = [ACQUIRE_SRC, EXTEND_SRC, RELEASE_SRC, FINISH_SRC];
+/// so that first uses do not pay for a `NOSCRIPT` answer): the lock's
+/// grant, renewal (alone and the watchdog's batches), release and finish.
+pub(super) const PRELOADED: [&str; 5] = [
+    ACQUIRE_SRC,
+    EXTEND_SRC,
+    EXTEND_BATCH_SRC,
+    RELEASE_SRC,
+    FINISH_SRC,
+];
 
 /// One `ARGV` value of a script call: the kinds the scripts take, each of a
 /// known length, so that a call's command is sized before it is written.

@@ -140,6 +140,7 @@ impl RedisStore {
                 source,
                 conn: Mutex::new(None),
                 conn_opened: Mutex::new(None),
+                server: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 prefix: s.prefix,
                 fence_retention_ms: ms(s.fence_retention),
