@@ -14,7 +14,8 @@ use crate::support;
 use support::{RedisServer, Reply, stores};
 
 use tower_redis_lock::{
-    AcquireOutcome, FencingToken, HolderId, HolderLabel, LockKey, LockStore, OwnerToken, RedisStore,
+    AcquireOutcome, FencingToken, HolderId, HolderLabel, LeaseKind, LockKey, LockStore, OwnerToken,
+    RedisStore, Renewal,
 };
 
 const NS: &str = "value";
@@ -214,6 +215,20 @@ async fn a_lock_of_an_older_version_is_renewed_handed_over_released_and_shown() 
             .unwrap()
     );
     assert!(pttl(&server, &holder) > 40_000, "not renewed with the lock");
+    // And in the watchdog's batch (one script call for many renewals).
+    let renewed = store
+        .extend_many(&[Renewal {
+            key: k.clone(),
+            owner: owner.clone(),
+            lease: Duration::from_secs(80),
+            kind: LeaseKind::Lock,
+        }])
+        .await;
+    assert!(matches!(renewed[..], [Ok(true)]), "{renewed:?}");
+    assert!(
+        pttl(&server, &holder) > 70_000,
+        "not renewed with the lock in a batch"
+    );
     let next = OwnerToken::generate();
     assert!(
         store
@@ -222,7 +237,7 @@ async fn a_lock_of_an_older_version_is_renewed_handed_over_released_and_shown() 
             .unwrap()
     );
     assert_eq!(get(&server, &lock).as_deref(), Some(next.as_str()));
-    assert!(pttl(&server, &holder) > 70_000, "not kept with the lock");
+    assert!(pttl(&server, &holder) > 85_000, "not kept with the lock");
     assert!(store.release(&k, &next).await.unwrap());
     assert_eq!(
         server.keys().iter().filter(|n| n.contains(":old:")).count(),
