@@ -111,13 +111,23 @@ macro_rules! multi_suite {
                         g.release().await.unwrap();
                     }
                 }
-                // Waiting, and timing out: nothing left either.
+                // Waiting, and timing out: nothing left either, once the
+                // attempt the deadline cut has been given back in the
+                // background (taken one by one, as on Redlock, the cut
+                // attempt may hold the first key for a moment: seen with
+                // eight test threads on 2 vCPUs).
                 let err = l
                     .acquire_all_within(&keys, Duration::from_millis(150))
                     .await
                     .unwrap_err();
                 assert!(matches!(err, Error::WaitTimeout { .. }), "{err:?}");
-                assert!(all_free(&other, &[keys[0].clone(), keys[2].clone()]).await);
+                let rest = [keys[0].clone(), keys[2].clone()];
+                assert!(
+                    eventually(Duration::from_secs(5), async || all_free(&other, &rest)
+                        .await)
+                    .await,
+                    "a key of the list was left held after the wait timed out"
+                );
 
                 b.release().await.unwrap();
                 let all = l.try_acquire_all(&keys).await.unwrap();
