@@ -344,3 +344,26 @@ async fn a_fenced_cycle_costs_seven_commands_and_a_renewal_three() {
         .into();
     assert_eq!(ran(), renewal, "a renewal");
 }
+
+/// A grant that fails (the lock's name holds another type) leaves the
+/// bucket's counter as it was: the script had already written the server's
+/// clock into it, and Redis does not undo a failed script's writes, so a
+/// counter ahead of the clock (after a Redlock write-back, a failover to a
+/// node whose clock is behind) would have fallen, and the next grant's
+/// token with it.
+#[tokio::test]
+async fn a_grant_that_fails_leaves_the_counter_as_it_was() {
+    let (store, server) = stores::redis();
+    let owner = OwnerToken::generate();
+    let k = key("wrong-type");
+    let (lock, fence) = (name("wrong-type", "lock"), store.fence_key(&k));
+    server.cmd(&["SET", &fence, "9000000000000000"]);
+    server.cmd(&["HSET", &lock, "f", "v"]);
+    assert!(store.acquire(&k, &owner, LEASE).await.is_err());
+    assert_eq!(get(&server, &fence).as_deref(), Some("9000000000000000"));
+    server.cmd(&["DEL", &lock]);
+    match store.acquire(&k, &owner, LEASE).await.unwrap() {
+        AcquireOutcome::Granted(t) => assert!(t.get() > 9_000_000_000_000_000, "{t:?}"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -354,3 +354,35 @@ async fn a_server_that_refuses_info_renews_with_the_script() {
         stats(&[("evalsha", 1), ("get", 1), ("pexpire", 1)])
     );
 }
+
+/// A store that renewed with `SET … IFEQ` on Valkey, whose server is then
+/// replaced on the same address by the test server (Redis 7.0 in `cargo
+/// test`: no `IFEQ`), as after a failover or a restart on an older
+/// version: the call that finds the old connection gone may say so, and
+/// the next renewal succeeds, in a form the new server runs (the server
+/// is read again with the new connection; until then, the script).
+#[tokio::test]
+async fn a_renewal_after_the_server_changed_uses_what_the_new_one_runs() {
+    let mut valkey = RedisServer::start_valkey(&[]);
+    let store = store(&valkey, false);
+    let (k, owner) = (key("moved"), OwnerToken::generate());
+    store.acquire(&k, &owner, SHORT).await.unwrap();
+    assert!(store.extend(&k, &owner, LEASE).await.unwrap());
+    assert!(
+        store
+            .detected_server()
+            .is_some_and(|s| s.starts_with("valkey")),
+        "{:?}",
+        store.detected_server()
+    );
+    valkey.restart_as_test_server();
+    valkey.cmd(&["SET", &store.lock_key(&k), owner.as_str(), "PX", "30000"]);
+    let first = store.extend(&k, &owner, LEASE).await;
+    assert!(!matches!(first, Ok(false)), "{first:?}");
+    let second = store.extend(&k, &owner, LEASE).await;
+    assert!(
+        matches!(second, Ok(true)),
+        "the renewal after the server changed failed: {second:?}"
+    );
+    assert!(pttl(&valkey, &store.lock_key(&k)) > SHORT.as_millis() as i64);
+}

@@ -234,6 +234,16 @@ impl RedisServer {
     /// Start again (stopping first if needed) on the same port, with the same args and
     /// directory; the data set is empty. Retries for up to 5 s if the port is briefly
     /// unavailable, then waits for PONG.
+    /// Stops the server and starts the test server's binary
+    /// (`REDIS_SERVER_BIN`, else `redis-server`) on the same port and
+    /// directory: a failover or restart that lands on another server (say,
+    /// a [`start_valkey`](RedisServer::start_valkey) server followed by
+    /// Redis 7.0).
+    pub fn restart_as_test_server(&mut self) {
+        self.bin = SERVER_TOOL.bin();
+        self.restart();
+    }
+
     pub fn restart(&mut self) {
         self.stop();
         let deadline = Instant::now() + RESTART_TIMEOUT;

@@ -175,8 +175,13 @@ impl RedisStore {
 
     /// Drops the shared connection and the idle `WAIT` connections: the next
     /// call opens new ones (and, behind Sentinel, asks for the primary).
+    /// The server they found is forgotten with them: until a new
+    /// connection reads it again, renewals take the Lua path, which every
+    /// server runs (the next connection may reach another server: a
+    /// failover, a restart on an older version).
     pub(super) fn forget_connections(&self) {
         *lock(&self.inner.conn) = None;
+        *lock(&self.inner.server) = None;
         self.inner.wait_conns.clear();
     }
 

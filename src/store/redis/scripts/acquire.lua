@@ -137,7 +137,16 @@ else
 end
 local token = next_token(type(last) == 'string' and last, s)
 local value = ARGV[1] .. ' ' .. token .. ' ' .. s .. ' ' .. ARGV[9]
-local cur = redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2], 'GET')
+-- `pcall`: a lock name of another type (an error) must not leave the
+-- counter as written above (TIME, perhaps below it): Redis does not undo a
+-- script's writes when it fails.
+local cur = redis.pcall('SET', KEYS[1], value, 'NX', 'PX', ARGV[2], 'GET')
+if type(cur) == 'table' then
+  if not cluster and type(last) == 'string' then
+    redis.call('SET', ARGV[4], last, 'PX', ARGV[5])
+  end
+  return cur
+end
 -- The counter as it must be left: `token` on a grant; as it was where
 -- this was a re-entry, or where TIME is not above it (it must not fall).
 local mine = cur and owned_by(cur, ARGV[1])
