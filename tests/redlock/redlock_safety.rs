@@ -104,7 +104,15 @@ async fn grant_by_all_five(
     last: Option<usize>,
 ) -> FencingToken {
     let warm = (key("all-five-warm-up"), OwnerToken::generate());
-    granted(store.acquire(&warm.0, &warm.1, LEASE).await);
+    // A 5 s lease: on connections still opening, a node's grant may land
+    // after its release (a grant whose answer was lost, which the store
+    // contract lets expire at its lease); with the test's 30 s lease the
+    // wait below outlasted it once under load.
+    granted(
+        store
+            .acquire(&warm.0, &warm.1, Duration::from_secs(5))
+            .await,
+    );
     assert!(store.release(&warm.0, &warm.1).await.unwrap());
     // The release answers at a quorum; the other nodes' release scripts
     // run in the background, and one that ran after `reset_stats` below
