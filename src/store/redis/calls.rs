@@ -311,7 +311,7 @@ impl RedisStore {
             Argv::Str(self.publish_command()),
             Argv::Name(self.name(key, RECORD)),
             Argv::Name(self.name(key, WAITED)),
-            if self.inner.fencing {
+            if self.names_holder_record() {
                 Argv::Name(self.name(key, HOLDER))
             } else {
                 Argv::Str("")

@@ -182,21 +182,23 @@ impl RedisStore {
         self.inner.notifier.get().map_or((0, 0), Notifier::channels)
     }
 
-    /// The extend script's arguments: the holder record's own name only
-    /// with fencing (a lock of an older version keeps it there; see
-    /// [`renews_holder_record`](Self::renews_holder_record)).
-    fn extend_args<'a, 'b>(&self, args: &'b [Argv<'a>; 3]) -> &'b [Argv<'a>] {
-        if self.renews_holder_record() {
-            &args[..]
+    /// `args` as sent to a script whose last argument is the holder
+    /// record's own name: without it where grants write no record
+    /// (without fencing). With fencing the name goes along, for a lock of
+    /// an older version, which keeps its record there.
+    fn with_holder_name<'a, 'b>(&self, args: &'b [Argv<'a>]) -> &'b [Argv<'a>] {
+        if self.names_holder_record() {
+            args
         } else {
-            &args[..2]
+            &args[..args.len() - 1]
         }
     }
 
-    /// Whether a lock's renewal names its holder record (extend.lua's
-    /// `ARGV[3]`): where grants write one, with fencing. One answer for the
-    /// renewal alone and in a batch (renew.rs).
-    fn renews_holder_record(&self) -> bool {
+    /// Whether a call that may meet a lock of an older version names its
+    /// holder record (`…:holder`): where grants write one, with fencing.
+    /// One answer for every such call: renewals (alone and in a batch,
+    /// renew.rs), hand-overs, releases, finishes and `release_all`.
+    fn names_holder_record(&self) -> bool {
         self.inner.fencing
     }
 
@@ -320,13 +322,7 @@ impl LockStore for RedisStore {
             Argv::Int(ms(lease)),
             Argv::Name(self.name(key, HOLDER)),
         ];
-        // The holder record's own name only with fencing (a lock of an
-        // older version keeps it there).
-        let args = if self.inner.fencing {
-            &args[..]
-        } else {
-            &args[..3]
-        };
+        let args = self.with_holder_name(&args);
         let call = ScriptCall::new(&scripts::TRANSFER, &[self.name(key, LOCK)], args);
         let n: i64 = self
             .with_conn(Operation::Extend, Some(key), |mut c| async move {
@@ -379,13 +375,7 @@ impl LockStore for RedisStore {
             Argv::Name(self.name(key, WAITED)),
             Argv::Name(self.name(key, HOLDER)),
         ];
-        // The holder record's own name only with fencing (a lock of an
-        // older version keeps it there).
-        let args = if self.inner.fencing {
-            &args[..]
-        } else {
-            &args[..3]
-        };
+        let args = self.with_holder_name(&args);
         let call = ScriptCall::new(&RELEASE, &[self.name(key, LOCK)], args);
         let n: i64 = self
             .with_conn(Operation::Release, Some(key), |mut c| async move {

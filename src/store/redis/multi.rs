@@ -154,7 +154,7 @@ impl RedisStore {
         args.extend([Argv::Str(owner.as_str()), Argv::Str(self.publish_command())]);
         for k in keys {
             args.push(Argv::Name(self.name(k, WAITED)));
-            args.push(if self.inner.fencing {
+            args.push(if self.names_holder_record() {
                 Argv::Name(self.name(k, HOLDER))
             } else {
                 Argv::Str("")

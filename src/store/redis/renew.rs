@@ -75,7 +75,7 @@ impl RedisStore {
                     set.query_async(&mut c).await
                 })
                 .await?;
-            return set_answer(answer)
+            return set_answer(&answer)
                 .map_err(|e| Error::from_redis(Operation::Extend, Some(key), e));
         }
         let args = [
@@ -83,7 +83,11 @@ impl RedisStore {
             Argv::Int(ms(lease)),
             Argv::Name(self.name(key, HOLDER)),
         ];
-        let call = ScriptCall::new(&EXTEND, &[self.name(key, LOCK)], self.extend_args(&args));
+        let call = ScriptCall::new(
+            &EXTEND,
+            &[self.name(key, LOCK)],
+            self.with_holder_name(&args),
+        );
         let n: i64 = self
             .with_conn(Operation::Extend, Some(key), |mut c| async move {
                 call.invoke(&mut c).await
@@ -118,7 +122,7 @@ impl RedisStore {
         }
         // With fencing, each renewal names its holder record (a lock's; ''
         // for the other kinds): see extend_batch.lua for the layout.
-        let holders = self.renews_holder_record();
+        let holders = self.names_holder_record();
         let width = if holders { 3 } else { 2 };
         for chunk in scripted.chunks(SCRIPT_BATCH) {
             let mut keys: Vec<Name<'_>> = Vec::with_capacity(chunk.len());
@@ -178,7 +182,7 @@ impl RedisStore {
             .zip(slots)
             .map(|(r, slot)| {
                 let answer = match slot {
-                    Slot::Set(at) => set_answer(answers[at].clone()),
+                    Slot::Set(at) => set_answer(&answers[at]),
                     Slot::Script { call, item } => script_answer(&answers[call], item),
                 };
                 answer.map_err(|e| {
@@ -207,13 +211,13 @@ fn unexpected(what: &str, answer: &Value) -> redis::RedisError {
 }
 
 /// `SET … IFEQ`'s answer as a renewal's: set (the owner's), or not.
-fn set_answer(answer: Value) -> redis::RedisResult<bool> {
+fn set_answer(answer: &Value) -> redis::RedisResult<bool> {
     match answer {
         Value::Okay => Ok(true),
         Value::SimpleString(s) if s == "OK" => Ok(true),
         Value::Nil => Ok(false),
-        Value::ServerError(e) => Err(e.into()),
-        other => Err(unexpected("SET IFEQ", &other)),
+        Value::ServerError(e) => Err(e.clone().into()),
+        other => Err(unexpected("SET IFEQ", other)),
     }
 }
 
