@@ -339,3 +339,42 @@ async fn a_write_back_that_ends_after_the_validity_is_no_grant() {
     assert!(!exists(&servers, &store, &k, 0), "not undone on node 0");
     servers[2].thaw();
 }
+
+/// The majority view shows the token the grant answered, also when the
+/// grant wrote its token back and a node it did not wait for granted
+/// later. Node 0's counter is far ahead, node 1 answers `LATE` late: the
+/// grant counts {0, 2} at node 0's token, written back to node 2, and
+/// node 1 grants afterwards with a token of its own (below node 0's). With
+/// all three holding the lock, the view takes the quorum-th largest token,
+/// which without the write-back reaching node 2's holder record was node
+/// 1's or node 2's, not the guard's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_majority_view_shows_a_written_back_token_after_a_late_node_grants() {
+    const LATE: Duration = Duration::from_millis(1500);
+    let (servers, proxy, store) = one_fast_one_slow_one_direct().await;
+    let k = key("late-node-view");
+    let fence = store.nodes()[0].fence_key(&k);
+    servers[0].cmd(&["SET", &fence, AHEAD]);
+    proxy.set_latency(Duration::ZERO, LATE);
+    let owner = OwnerToken::generate();
+    let outcome = timeout(GUARD, store.acquire(&k, &owner, HOUR))
+        .await
+        .expect("the grant hung")
+        .unwrap();
+    let AcquireOutcome::Granted(token) = outcome else {
+        panic!("not granted: {outcome:?}");
+    };
+    assert!(
+        token.get() > AHEAD.parse::<u64>().unwrap(),
+        "the grant did not answer node 0's token: {token:?}"
+    );
+    // Node 1's grant lands after the answer, and is kept (the guard's).
+    assert!(
+        eventually(GUARD, async || exists(&servers, &store, &k, 1)).await,
+        "node 1 never granted"
+    );
+    proxy.set_latency(Duration::ZERO, Duration::ZERO);
+    let seen = store.inspect(&k).await.unwrap().expect("held");
+    assert_eq!(seen.fencing_token, Some(token), "the majority view's token");
+    assert!(store.release(&k, &owner).await.unwrap());
+}

@@ -269,20 +269,35 @@ impl RedisStore {
     }
 
     /// Raises `key`'s fencing counter to at least `token`, so that the next
-    /// grant on this node mints a larger token (Redlock write-back).
+    /// grant on this node mints a larger token (Redlock write-back, forced
+    /// release). With `owner` (a write-back), the lock's holder record
+    /// takes the token too where the lock is still `owner`'s.
     pub(crate) async fn raise_fence(
         &self,
         key: &LockKey,
         token: FencingToken,
+        owner: Option<&OwnerToken>,
     ) -> Result<(), Error> {
-        let call = ScriptCall::new(
-            &RAISE_FENCE,
-            &[self.name(key, FENCE)],
-            &[
-                Argv::Int(token.get()),
-                Argv::Int(self.inner.fence_retention_ms),
-            ],
-        );
+        let fence = self.name(key, FENCE);
+        let call = match owner {
+            None => ScriptCall::new(
+                &RAISE_FENCE,
+                &[fence],
+                &[
+                    Argv::Int(token.get()),
+                    Argv::Int(self.inner.fence_retention_ms),
+                ],
+            ),
+            Some(owner) => ScriptCall::new(
+                &RAISE_FENCE,
+                &[fence, self.name(key, LOCK)],
+                &[
+                    Argv::Int(token.get()),
+                    Argv::Int(self.inner.fence_retention_ms),
+                    Argv::Str(owner.as_str()),
+                ],
+            ),
+        };
         let _: i64 = self
             .with_conn(Operation::Acquire, Some(key), |mut c| async move {
                 call.invoke(&mut c).await

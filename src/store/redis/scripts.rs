@@ -59,7 +59,10 @@ pub(super) static EXTEND_PERMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(EXTEND_PERMIT_SRC));
 pub(super) static RELEASE_PERMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(RELEASE_PERMIT_SRC));
-const RAISE_FENCE_SRC: &str = include_str!("scripts/raise_fence.lua");
+const RAISE_FENCE_SRC: &str = concat!(
+    include_str!("scripts/owner.lua"),
+    include_str!("scripts/raise_fence.lua")
+);
 const ROLLBACK_SRC: &str = include_str!("scripts/rollback.lua");
 pub(super) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_SRC));
 pub(super) static ROLLBACK: LazyLock<Script> = LazyLock::new(|| Script::new(ROLLBACK_SRC));

@@ -158,9 +158,13 @@ impl RedlockStore {
     /// it, so that the next majority, which shares a node with this one,
     /// mints a larger one; answers how many nodes hold a counter at least
     /// as large, counting at a quorum (the rest finish in the background).
+    /// Where the lock is still `owner`'s, the node's holder record takes
+    /// the token too, so that the majority view (`inspect`) shows it
+    /// whatever a node that grants after this answer minted.
     async fn write_back(
         &self,
         key: &LockKey,
+        owner: &OwnerToken,
         token: FencingToken,
         granted: &[(usize, FencingToken)],
     ) -> usize {
@@ -173,12 +177,12 @@ impl RedlockStore {
             .iter()
             .filter(|&&(_, t)| t < token)
             .map(|&(i, _)| (i, self.nodes[i].clone()));
-        let k = key.clone();
+        let (k, o) = (key.clone(), owner.clone());
         let (answers, stragglers) = gather(
             below,
             move |node| {
-                let k = k.clone();
-                async move { node.raise_fence(&k, token).await }
+                let (k, o) = (k.clone(), o.clone());
+                async move { node.raise_fence(&k, token, Some(&o)).await }
             },
             |a| at_token + a.iter().filter(|(_, r)| r.is_ok()).count() >= q,
         )
@@ -246,7 +250,7 @@ impl RedlockStore {
             .map(|&(_, t)| t)
             .max()
             .unwrap_or(FencingToken::new(0));
-        let acks = self.write_back(key, token, granted).await;
+        let acks = self.write_back(key, owner, token, granted).await;
         if acks >= self.quorum {
             // The token counts from now: a grant that counts only after
             // its validity would hand out a guard lost from the start.

@@ -140,7 +140,7 @@ impl RedlockStore {
                 fence: None,
             });
         };
-        let raised = join_all(self.nodes.iter().map(|n| n.raise_fence(key, fence))).await;
+        let raised = join_all(self.nodes.iter().map(|n| n.raise_fence(key, fence, None))).await;
         let everywhere = ok.len() == self.nodes.len() && raised.iter().all(Result::is_ok);
         if !everywhere {
             tracing::warn!(
