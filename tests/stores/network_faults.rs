@@ -1,7 +1,8 @@
 //! Faults of the network between a process and Redis, made by a proxy
 //! (`support::fault::FaultProxy`) while the server itself stays healthy:
 //! a holder cut off by a partition, a half-open connection, a reset in the
-//! middle of an answer, an answer that comes after its command gave up.
+//! middle of an answer, a reset under a held lock and under a grant's
+//! answer, an answer that comes after its command gave up.
 
 use crate::support;
 
@@ -195,6 +196,89 @@ async fn a_reset_mid_answer_leaves_the_next_command_its_own_answer() {
         Some(b),
         "the next command read another answer"
     );
+}
+
+/// A reset (RST, the server healthy) costs a holder neither its lock nor
+/// a claim: the call that meets the reset connection fails at once, the
+/// store opens a new connection at that error (a reset never times out,
+/// so no command timeout would replace it), and the watchdog renews over
+/// it before the deadline. All the while the holder never claims more of
+/// its lease than the server keeps (`valid_for` read after `PTTL`, so it
+/// can only be smaller): the renewal that failed counted for nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_costs_a_holder_neither_its_lock_nor_a_false_claim() {
+    const LEASE: Duration = Duration::from_millis(600);
+    let srv = RedisServer::start();
+    let proxy = FaultProxy::start(srv.addr()).await;
+    let store = store(&proxy.url());
+    let k = key("reset");
+    let name = store.lock_key(&k);
+    let locker = Locker::builder(store).lease(LEASE).build().unwrap();
+    let held = locker.acquire(&k).await.unwrap();
+    // Held across a renewal first, so the reset meets a renewed lease.
+    let renewed_at = held.valid_for();
+    let renewal_seen = eventually(GUARD, async || held.valid_for() > renewed_at).await;
+    assert!(renewal_seen, "no renewal before the reset");
+    proxy.reset();
+    let deadline = Instant::now() + held.valid_for();
+    let mut most_over = None::<(Duration, i64)>;
+    let renewed = eventually(deadline + LEASE - Instant::now(), async || {
+        let pttl = srv.cmd(&["PTTL", &name]).as_int().unwrap();
+        let claim = held.valid_for();
+        if held.is_held() && Duration::from_millis(pttl.max(0) as u64 + 2) < claim {
+            most_over = most_over.max(Some((claim, pttl)));
+        }
+        held.is_held() && Instant::now() + claim > deadline + LEASE / 4
+    })
+    .await;
+    assert_eq!(
+        most_over, None,
+        "the holder claimed more of its lease than the server kept (claim, PTTL ms)"
+    );
+    assert!(
+        renewed && Instant::now() < deadline,
+        "not renewed by the deadline (lost: {})",
+        held.is_lost()
+    );
+    assert!(proxy.resets_done() >= 1, "nothing was reset");
+    assert!(held.release().await.unwrap());
+}
+
+/// A grant whose answer is cut by a reset (the script ran and granted; its
+/// answer never arrived whole): the acquire fails, and the grant is given
+/// back at once, owner-checked, over a new connection, rather than left to
+/// hold the key for its whole lease (30 s here) under an owner nobody has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_answer_is_cut_is_given_back_at_once() {
+    const LEASE: Duration = Duration::from_secs(30);
+    let srv = RedisServer::start();
+    let proxy = FaultProxy::start(srv.addr()).await;
+    let store = store(&proxy.url());
+    let k = key("cut-grant");
+    let (lock_name, fence_name) = (store.lock_key(&k), store.fence_key(&k));
+    let locker = Locker::builder(store).lease(LEASE).build().unwrap();
+    // The connection open (scripts loaded), so that the next answer is the
+    // grant's.
+    locker.store().check().await.unwrap();
+    assert_eq!(srv.cmd(&["EXISTS", &fence_name]).as_int(), Some(0));
+    proxy.reset_mid_reply(3);
+    let cut = timeout(GUARD, locker.try_acquire(&k)).await.unwrap();
+    let err = cut.expect_err("granted on a cut answer");
+    assert!(!err.is_contended(), "{err}");
+    assert_eq!(proxy.resets_done(), 1);
+    // The script ran: it minted a token, so it granted (the key was free).
+    assert_eq!(srv.cmd(&["EXISTS", &fence_name]).as_int(), Some(1));
+    let given_back = eventually(Duration::from_secs(3), async || {
+        srv.cmd(&["EXISTS", &lock_name]).as_int() == Some(0)
+    })
+    .await;
+    assert!(
+        given_back,
+        "the cut grant still held the key 3 s later (its lease: {LEASE:?})"
+    );
+    // And the store answers again: the key is ours on the next try.
+    let again = timeout(GUARD, locker.try_acquire(&k)).await.unwrap();
+    assert!(again.unwrap().release().await.unwrap());
 }
 
 /// An answer that arrives after its caller gave up (the call dropped at

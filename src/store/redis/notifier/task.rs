@@ -49,6 +49,7 @@ pub(super) fn spawn(
         retry_at: None,
         backoff: RETRY_FIRST,
         polling: false,
+        check_placement: false,
     };
     tokio::spawn(task.run(cmds_rx, events_rx));
 }
@@ -69,6 +70,10 @@ struct Task {
     backoff: Duration,
     /// The server has no pub/sub for us: answer every subscribe with "poll".
     polling: bool,
+    /// A subscription was dropped by its server (its slot moved): until
+    /// every wanted channel is live again, each subscription is checked to
+    /// be on a primary (see `Subscriber::on_a_primary`).
+    check_placement: bool,
 }
 
 impl Task {
@@ -115,7 +120,10 @@ impl Task {
         match event {
             Event::Closed => self.close(),
             Event::Dropped(None) => self.lose(|_| true),
-            Event::Dropped(Some(name)) => self.lose(|ch| ch == name),
+            Event::Dropped(Some(name)) => {
+                self.check_placement = true;
+                self.lose(|ch| ch == name);
+            }
             Event::Stray(name) => {
                 if !lock(&self.channels).contains_key(&name)
                     && let Some(c) = &mut self.conn
@@ -305,6 +313,7 @@ impl Task {
         } else {
             self.retry_at = None;
             self.backoff = RETRY_FIRST;
+            self.check_placement = false;
         }
     }
 
@@ -314,7 +323,27 @@ impl Task {
         let Some(c) = &mut self.conn else {
             return;
         };
-        let outcomes = c.sub.subscribe(wanted, self.timeout).await;
+        #[cfg_attr(not(feature = "cluster"), allow(unused_mut))]
+        let mut outcomes = c.sub.subscribe(wanted, self.timeout).await;
+        #[cfg(feature = "cluster")]
+        if self.check_placement {
+            let sub = &c.sub;
+            let timeout = self.timeout;
+            let checks = wanted
+                .iter()
+                .zip(&outcomes)
+                .map(|(name, outcome)| async move {
+                    match outcome {
+                        Ok(()) => match sub.on_a_primary(name, timeout).await {
+                            Ok(true) => Ok(()),
+                            Ok(false) => Err(Failure::OnAReplica),
+                            Err(f) => Err(f),
+                        },
+                        Err(f) => Err(f.clone()),
+                    }
+                });
+            outcomes = futures_util::future::join_all(checks).await;
+        }
         let mut map = lock(&self.channels);
         for (name, outcome) in wanted.iter().zip(outcomes) {
             match (outcome, map.get_mut(name)) {
@@ -351,7 +380,7 @@ impl Task {
         };
         let error = match why {
             Failure::Redis(e) => e.to_string(),
-            Failure::Timeout => String::new(),
+            Failure::Timeout | Failure::OnAReplica => String::new(),
         };
         tracing::warn!(
             %error,
