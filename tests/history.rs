@@ -629,18 +629,13 @@ impl Kind {
 }
 
 /// The kinds `NEMESIS_KIND` names (`lock,multi`), or `rotation` when
-/// unset; of those, the ones `store` has.
+/// unset; of those, the ones `store` has (perhaps none).
 fn nemesis_lock_kinds(store: &str, rotation: &[Kind]) -> Vec<Kind> {
     let named: Vec<Kind> = std::env::var("NEMESIS_KIND").map_or_else(
         |_| rotation.to_vec(),
         |v| v.split(',').map(Kind::parse).collect(),
     );
-    let kinds: Vec<Kind> = named.into_iter().filter(|k| k.on(store)).collect();
-    assert!(
-        !kinds.is_empty(),
-        "NEMESIS_KIND names no kind that {store} has (Redlock: lock, multi)"
-    );
-    kinds
+    named.into_iter().filter(|k| k.on(store)).collect()
 }
 
 /// The kind a short nemesis history on `store` takes: one of
@@ -649,6 +644,10 @@ fn nemesis_lock_kinds(store: &str, rotation: &[Kind]) -> Vec<Kind> {
 /// the same.
 fn rotated(seed: u64, store: &str, rotation: &[Kind]) -> Kind {
     let kinds = nemesis_lock_kinds(store, rotation);
+    assert!(
+        !kinds.is_empty(),
+        "NEMESIS_KIND names no kind that {store} has (Redlock: lock, multi)"
+    );
     kinds[(seed % kinds.len() as u64) as usize]
 }
 
@@ -722,6 +721,10 @@ fn history_nemesis() {
             vec![(stores[0], rotated(base, stores[0], rotation))]
         }
     };
+    assert!(
+        !histories_to_run.is_empty(),
+        "NEMESIS_KIND names no kind that {stores:?} have (Redlock: lock, multi)"
+    );
     let end = Instant::now() + Duration::from_secs(long.unwrap_or(0));
     let mut total = Figures::default();
     let mut by_store_kind: BTreeMap<(&str, Kind), (u64, Figures)> = BTreeMap::new();

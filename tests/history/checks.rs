@@ -370,7 +370,7 @@ impl Excludes {
     /// `a` was no longer in the store when `b` was granted (unless `a` had
     /// been given back). The order of the two grants in the store comes
     /// from the tokens: the key's counter only rises, a lock's, a permit's
-    /// and a write's grant mint a token above it, and a read's answers it
+    /// and a write's grant mint a token above it, and a read answers it
     /// as it stands (raised to the server's TIME where behind). So a
     /// write's larger token means it came after whatever had the smaller
     /// one; a read's token at least a write's means it came after that
