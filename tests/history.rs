@@ -598,7 +598,7 @@ impl Kind {
     /// reader-writer locks with 5 workers, as in their own histories, and
     /// no fenced writes asked for (they write none).
     fn apply(self, run: Run) -> Run {
-        let (grants, writes) = run.min_progress;
+        let grants = run.min_progress.0;
         let run = Run {
             permits: 0,
             rw: false,
@@ -619,11 +619,7 @@ impl Kind {
                 min_progress: (grants, 0),
                 ..run
             },
-            Kind::Multi => Run {
-                multi: true,
-                min_progress: (grants, writes),
-                ..run
-            },
+            Kind::Multi => Run { multi: true, ..run },
         }
     }
 }
