@@ -32,9 +32,9 @@ use support::topology::start_independent;
 use support::{RedisServer, Reply};
 
 use checks::{
-    History, attempt_overlaps, build_history, check_at_most, check_claims, check_exclusion,
-    check_lost, check_multi, check_progress, check_read_epochs, check_resource, check_tokens,
-    check_writer_alone, keys,
+    Excludes, History, attempt_overlaps, build_history, check_at_most, check_claims,
+    check_exclusion, check_lost, check_multi, check_progress, check_read_epochs, check_resource,
+    check_tokens, check_writer_alone, keys,
 };
 use faults::{Fault, FaultCounts, Links, Plan, Workers, inject_faults};
 use monitor::{MONITOR_END, monitor};
@@ -173,6 +173,9 @@ struct Figures {
     stale: usize,
     losses: usize,
     faults: FaultCounts,
+    /// Guards (or, for permits, grants bounding others' losses) the `lost`
+    /// check judged.
+    lost_bounds: usize,
     /// The smallest margin by which `lost()` came before its bound (ms).
     closest_lost: Option<f64>,
     stalls: usize,
@@ -285,13 +288,17 @@ fn run_history_on(
     } else {
         check_at_most(&h, run.permits as usize, &mut violations);
     }
-    // (`lost`: another grant of the key means this one must have lapsed;
-    // for a permit another grant is the normal case.)
-    let closest_lost = if run.permits == 0 && !run.rw {
-        check_lost(&h, &pool.pauses, &mut violations)
+    // (`lost`: a grant the other holder's kind shuts out means that one
+    // must have lapsed; for permits, one more than the permits leave room
+    // for means enough of them did.)
+    let excludes = if run.rw {
+        Excludes::ReadWrite
+    } else if run.permits > 0 {
+        Excludes::Permits(run.permits as usize)
     } else {
-        None
+        Excludes::Lock
     };
+    let (lost_bounds, closest_lost) = check_lost(&h, &pool.pauses, excludes, &mut violations);
     // (Readers share their epoch: tokens are the writers' to mint.)
     let minted = History {
         grants: h.grants.iter().filter(|g| !g.shared).cloned().collect(),
@@ -329,7 +336,7 @@ fn run_history_on(
     let summary = format!(
         "{name}: seed {seed}, {:.1} s, {} workers started, {} grants ({}), {} writes applied, \
          {} refused as stale, {} write errors, {} losses seen by holders, acquire failures {:?}, \
-         faults {:?}, lost() before its bound by at least {:?} ms, \
+         faults {:?}, {} lost() bounds judged, lost() before its bound by at least {:?} ms, \
          worker stalls over 50 ms {} (longest {:.0} ms), attempt-start overlaps (information) {}",
         started.elapsed().as_secs_f64(),
         pool.finished.len(),
@@ -341,6 +348,7 @@ fn run_history_on(
         h.lost_observed,
         h.acquire_failures,
         faults.by_kind,
+        lost_bounds,
         closest_lost.map(|m| (m * 10.0).round() / 10.0),
         h.stalls.len(),
         longest_stall,
@@ -386,6 +394,7 @@ fn run_history_on(
         stale: h.stale_by_workers.len(),
         losses: h.grants.iter().filter(|g| g.lost_at.is_some()).count(),
         faults,
+        lost_bounds,
         closest_lost,
         stalls: h.stalls.len(),
     }
@@ -472,7 +481,7 @@ fn one_primary_nemesis(name: &str, run: Run) {
     let run = Run {
         workers: 5,
         workload,
-        plan: Plan::nemesis(&[]),
+        plan: Plan::nemesis(&nemesis_faults()),
         proxied: Proxies::PerWorker,
         min_progress: ((workload.as_secs_f64() * 0.6) as usize, 0),
         ..run
@@ -544,22 +553,122 @@ fn history_redlock_3_nodes() {
     run_history("history_redlock_3_nodes", seed, &nodes, &Run::processes());
 }
 
+/// The kinds of lock the workers of a history take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    /// One key's lock.
+    Lock,
+    /// One of 2 permits per key.
+    Semaphore,
+    /// A key's reader-writer lock, a third of the takes writes.
+    RwLock,
+    /// Half the grants two keys at once, the others one key's lock.
+    Multi,
+}
+
+impl Kind {
+    const ALL: [Kind; 4] = [Kind::Lock, Kind::Semaphore, Kind::RwLock, Kind::Multi];
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Lock => "lock",
+            Kind::Semaphore => "semaphore",
+            Kind::RwLock => "rwlock",
+            Kind::Multi => "multi",
+        }
+    }
+
+    fn parse(name: &str) -> Kind {
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .unwrap_or_else(|| {
+                panic!("NEMESIS_KIND: no kind {name:?} (lock, semaphore, rwlock, multi)")
+            })
+    }
+
+    /// Whether `store` has this kind: Redlock has neither permits nor
+    /// reader-writer locks (its answer is "not supported"); one primary,
+    /// Sentinel and a Cluster have every kind.
+    fn on(self, store: &str) -> bool {
+        store != "redlock" || matches!(self, Kind::Lock | Kind::Multi)
+    }
+
+    /// `run` with its workers taking this kind. Permits (2 per key) and
+    /// reader-writer locks with 5 workers, as in their own histories, and
+    /// no fenced writes asked for (they write none).
+    fn apply(self, run: Run) -> Run {
+        let grants = run.min_progress.0;
+        let run = Run {
+            permits: 0,
+            rw: false,
+            multi: false,
+            ..run
+        };
+        match self {
+            Kind::Lock => run,
+            Kind::Semaphore => Run {
+                workers: 5,
+                permits: 2,
+                min_progress: (grants, 0),
+                ..run
+            },
+            Kind::RwLock => Run {
+                workers: 5,
+                rw: true,
+                min_progress: (grants, 0),
+                ..run
+            },
+            Kind::Multi => Run { multi: true, ..run },
+        }
+    }
+}
+
+/// The kinds `NEMESIS_KIND` names (`lock,multi`), or `rotation` when
+/// unset; of those, the ones `store` has (perhaps none).
+fn nemesis_lock_kinds(store: &str, rotation: &[Kind]) -> Vec<Kind> {
+    let named: Vec<Kind> = std::env::var("NEMESIS_KIND").map_or_else(
+        |_| rotation.to_vec(),
+        |v| v.split(',').map(Kind::parse).collect(),
+    );
+    named.into_iter().filter(|k| k.on(store)).collect()
+}
+
+/// The kind a short nemesis history on `store` takes: one of
+/// `nemesis_lock_kinds` chosen by the seed, so that the runs of
+/// `cargo test` go through them in turn and a replay of the seed takes
+/// the same.
+fn rotated(seed: u64, store: &str, rotation: &[Kind]) -> Kind {
+    let kinds = nemesis_lock_kinds(store, rotation);
+    assert!(
+        !kinds.is_empty(),
+        "NEMESIS_KIND names no kind that {store} has (Redlock: lock, multi)"
+    );
+    kinds[(seed % kinds.len() as u64) as usize]
+}
+
 /// The nemesis: each worker reaches the lock servers through proxies of
 /// its own, and its links get latency, a bandwidth limit, blackholes,
 /// partitions, half-open and reset connections (and worker pauses and
-/// kills), seeded. One primary, 5 s, in `cargo test`.
+/// kills), seeded. One primary, 5 s, in `cargo test`, the workers taking
+/// one key's lock or (every other seed) multi-key locks; permits and
+/// reader-writer locks on one primary have their own nemesis tests.
 ///
 /// `NEMESIS_SECONDS=<n>` runs histories of `NEMESIS_WORKLOAD_MS` (10 s)
-/// for `n` seconds instead, alternating one primary, Redlock over 3 nodes,
-/// a Cluster of 3 primaries and a primary behind Sentinel, and prints the
-/// figures.
+/// for `n` seconds instead, going through every kind on every store that
+/// has it in turn (one primary, Redlock over 3 nodes, a Cluster of 3
+/// primaries and a primary behind Sentinel; locks, permits, reader-writer
+/// locks and multi-key locks, Redlock only locks and multi-key locks), and
+/// prints the figures per store and kind.
 /// `NEMESIS_STORE=redlock` runs only Redlock (`single` only one primary,
 /// `cluster` only the Cluster, `sentinel` only a primary behind Sentinel);
-/// `NEMESIS_FAULTS=latency,sever` only those kinds (`Fault::name`).
+/// `NEMESIS_KIND=semaphore,rwlock` only those kinds (`lock`, `semaphore`,
+/// `rwlock`, `multi`); `NEMESIS_FAULTS=latency,sever` only those faults
+/// (`Fault::name`).
 #[test]
 fn history_nemesis() {
     let base = seed();
-    let kinds = nemesis_kinds();
+    let faults = nemesis_faults();
     let store = std::env::var("NEMESIS_STORE").ok();
     let long: Option<u64> = std::env::var("NEMESIS_SECONDS")
         .ok()
@@ -578,7 +687,7 @@ fn history_nemesis() {
     let run = Run {
         workers: 4,
         workload,
-        plan: Plan::nemesis(&kinds),
+        plan: Plan::nemesis(&faults),
         proxied: Proxies::PerWorker,
         min_progress: ((per_second * 0.6) as usize, (per_second * 0.3) as usize),
         permits: 0,
@@ -590,59 +699,121 @@ fn history_nemesis() {
         None if long.is_some() => vec!["single", "redlock", "cluster", "sentinel"],
         None => vec!["single"],
     };
+    // Every kind on every store in turn (the stores inside the kinds, so
+    // that a short long run still sees each store); a single history
+    // rotates its kind by the seed.
+    let histories_to_run: Vec<(&str, Kind)> = match long {
+        Some(_) => Kind::ALL
+            .into_iter()
+            .flat_map(|k| stores.iter().map(move |s| (*s, k)))
+            .filter(|(s, k)| nemesis_lock_kinds(s, &Kind::ALL).contains(k))
+            .collect(),
+        None => {
+            let rotation: &[Kind] = if stores[0] == "single" {
+                &[Kind::Lock, Kind::Multi]
+            } else {
+                &Kind::ALL
+            };
+            vec![(stores[0], rotated(base, stores[0], rotation))]
+        }
+    };
+    assert!(
+        !histories_to_run.is_empty(),
+        "NEMESIS_KIND names no kind that {stores:?} have (Redlock: lock, multi)"
+    );
     let end = Instant::now() + Duration::from_secs(long.unwrap_or(0));
     let mut total = Figures::default();
+    let mut by_store_kind: BTreeMap<(&str, Kind), (u64, Figures)> = BTreeMap::new();
     let mut histories = 0u64;
     loop {
-        let store = stores[histories as usize % stores.len()];
+        let (store, kind) = histories_to_run[histories as usize % histories_to_run.len()];
         let seed = base.wrapping_add(histories);
         eprintln!(
-            "history_nemesis: {store}, replay with HISTORY_SEED={seed} NEMESIS_STORE={store} \
-             NEMESIS_WORKLOAD_MS={} cargo test --test history history_nemesis",
+            "history_nemesis: {store}, {}, replay with HISTORY_SEED={seed} NEMESIS_STORE={store} \
+             NEMESIS_KIND={} NEMESIS_WORKLOAD_MS={} cargo test --test history history_nemesis",
+            kind.name(),
+            kind.name(),
             workload.as_millis()
         );
+        let run = kind.apply(Run {
+            plan: run.plan.clone(),
+            ..run
+        });
         let f = match store {
             "single" => {
                 let lock = RedisServer::start();
                 run_history("history_nemesis", seed, std::slice::from_ref(&lock), &run)
             }
             "redlock" => run_history("history_nemesis", seed, &start_independent(3), &run),
-            "cluster" => nemesis_on_a_cluster("history_nemesis", seed, &run),
+            // (Two thirds of the progress asked of one primary, as in
+            // `history_nemesis_cluster`: a fault cuts a node off from
+            // every worker at once.)
+            "cluster" => {
+                let (grants, writes) = run.min_progress;
+                let run = Run {
+                    min_progress: (grants * 2 / 3, writes * 2 / 3),
+                    plan: run.plan.clone(),
+                    ..run
+                };
+                nemesis_on_a_cluster("history_nemesis", seed, &run)
+            }
             "sentinel" => nemesis_behind_sentinel("history_nemesis", seed, &run),
             other => panic!("NEMESIS_STORE is single, redlock, cluster or sentinel, not {other:?}"),
         };
         histories += 1;
-        total.grants += f.grants;
-        total.applied += f.applied;
-        total.stale += f.stale;
-        total.losses += f.losses;
-        total.stalls += f.stalls;
-        total.faults.add(&f.faults);
-        total.closest_lost = match (total.closest_lost, f.closest_lost) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let (n, of) = by_store_kind.entry((store, kind)).or_default();
+        *n += 1;
+        for sum in [&mut total, of] {
+            sum.grants += f.grants;
+            sum.applied += f.applied;
+            sum.stale += f.stale;
+            sum.losses += f.losses;
+            sum.stalls += f.stalls;
+            sum.lost_bounds += f.lost_bounds;
+            sum.faults.add(&f.faults);
+            sum.closest_lost = match (sum.closest_lost, f.closest_lost) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
         if Instant::now() >= end {
             break;
         }
     }
+    for ((store, kind), (n, f)) in &by_store_kind {
+        eprintln!(
+            "history_nemesis: {store}, {}: {n} histories, 0 violations, {} grants, {} writes \
+             applied, {} refused as stale, {} guards lost, faults {:?}, {} lost() bounds judged, \
+             lost() before its bound by at least {:?} ms",
+            kind.name(),
+            f.grants,
+            f.applied,
+            f.stale,
+            f.losses,
+            f.faults.by_kind,
+            f.lost_bounds,
+            f.closest_lost.map(|m| (m * 10.0).round() / 10.0),
+        );
+    }
     eprintln!(
         "history_nemesis: {histories} histories, 0 violations, {} grants, {} writes applied, \
          {} refused as stale, {} guards lost (lost() resolved), faults {:?} (past a lease: {:?}), \
-         lost() before its bound by at least {:?} ms, worker stalls over 50 ms {}",
+         {} lost() bounds judged, lost() before its bound by at least {:?} ms, worker stalls \
+         over 50 ms {}",
         total.grants,
         total.applied,
         total.stale,
         total.losses,
         total.faults.by_kind,
         total.faults.past_lease,
+        total.lost_bounds,
         total.closest_lost,
         total.stalls,
     );
 }
 
 /// The fault kinds `NEMESIS_FAULTS` names (all when unset).
-fn nemesis_kinds() -> Vec<Fault> {
+fn nemesis_faults() -> Vec<Fault> {
     std::env::var("NEMESIS_FAULTS")
         .map(|v| v.split(',').map(Fault::parse).collect())
         .unwrap_or_default()
@@ -664,16 +835,16 @@ fn nemesis_on_a_cluster(name: &str, seed: u64, run: &Run) -> Figures {
 
 /// The nemesis on a Cluster, 5 s, in `cargo test` (see
 /// [`nemesis_on_a_cluster`]; the long run: `NEMESIS_STORE=cluster` with
-/// `history_nemesis`).
+/// `history_nemesis`). The workers take one kind of lock, chosen by the
+/// seed among the four (`NEMESIS_KIND` names others).
 #[test]
 fn history_nemesis_cluster() {
     let seed = seed();
-    let kinds = nemesis_kinds();
     let per_second = NEMESIS_WORKLOAD.as_secs_f64();
     let run = Run {
         workers: 4,
         workload: NEMESIS_WORKLOAD,
-        plan: Plan::nemesis(&kinds),
+        plan: Plan::nemesis(&nemesis_faults()),
         proxied: Proxies::Shared,
         permits: 0,
         multi: false,
@@ -682,7 +853,9 @@ fn history_nemesis_cluster() {
         // off from every worker at once (3-14 grants per key in 5 s).
         min_progress: ((per_second * 0.4) as usize, (per_second * 0.2) as usize),
     };
-    nemesis_on_a_cluster("history_nemesis_cluster", seed, &run);
+    let kind = rotated(seed, "cluster", &Kind::ALL);
+    eprintln!("history_nemesis_cluster: {}", kind.name());
+    nemesis_on_a_cluster("history_nemesis_cluster", seed, &kind.apply(run));
 }
 
 /// A nemesis history behind Sentinel: a primary, its replica and three
@@ -723,7 +896,8 @@ fn nemesis_behind_sentinel(name: &str, seed: u64, run: &Run) -> Figures {
 
 /// The nemesis behind Sentinel, 5 s, in `cargo test` (see
 /// [`nemesis_behind_sentinel`]; the long run: `NEMESIS_STORE=sentinel`
-/// with `history_nemesis`).
+/// with `history_nemesis`). The workers take one kind of lock, chosen by
+/// the seed among the four (`NEMESIS_KIND` names others).
 #[test]
 fn history_nemesis_sentinel() {
     let seed = seed();
@@ -731,12 +905,14 @@ fn history_nemesis_sentinel() {
     let run = Run {
         workers: 4,
         workload: NEMESIS_WORKLOAD,
-        plan: Plan::nemesis(&nemesis_kinds()),
+        plan: Plan::nemesis(&nemesis_faults()),
         proxied: Proxies::PerWorker,
         permits: 0,
         multi: false,
         rw: false,
         min_progress: ((per_second * 0.6) as usize, (per_second * 0.3) as usize),
     };
-    nemesis_behind_sentinel("history_nemesis_sentinel", seed, &run);
+    let kind = rotated(seed, "sentinel", &Kind::ALL);
+    eprintln!("history_nemesis_sentinel: {}", kind.name());
+    nemesis_behind_sentinel("history_nemesis_sentinel", seed, &kind.apply(run));
 }

@@ -131,14 +131,26 @@ impl Lease {
 
     /// Records a successful renewal sent at `started` for `lease`: the lease
     /// is valid until `started + lease - drift(lease)` (never moves
-    /// backwards). The margin is that of the TTL the store set, not of the
-    /// locker's lease: a grant or renewal shortened by the hold cap (250 ms
-    /// of a 30 s lease) is valid for 250 ms less its own margin, where the
-    /// 30 s lease's margin (302 ms) would leave nothing.
+    /// backwards), and never past the hold cap less that margin. The margin
+    /// is that of the TTL the store set, not of the locker's lease: a grant
+    /// or renewal shortened by the hold cap (250 ms of a 30 s lease) is
+    /// valid for 250 ms less its own margin, where the 30 s lease's margin
+    /// (302 ms) would leave nothing.
+    ///
+    /// Why the cap bounds it: a renewal asks for what the cap leaves when
+    /// its length is chosen, and goes out a little later (the watchdog's
+    /// batch task runs after the table was read), so counted from its
+    /// sending it would end past the cap by that delay; the next renewal,
+    /// asking for what is left then, sets the store's expiry back to the
+    /// cap, and the validity, which never moves backwards, would outlast
+    /// the lock in the store.
     pub(crate) fn renewed(&self, started: Instant, lease: Duration) {
-        let until = (started + lease.saturating_sub(crate::time::drift(lease)))
-            .saturating_duration_since(self.acquired_at)
-            .as_nanos() as u64;
+        let margin = crate::time::drift(lease);
+        let mut until = started + lease.saturating_sub(margin);
+        if let Some(cap) = self.hold_deadline {
+            until = until.min(cap.checked_sub(margin).unwrap_or(self.acquired_at));
+        }
+        let until = until.saturating_duration_since(self.acquired_at).as_nanos() as u64;
         self.valid_until_ns.fetch_max(until, Ordering::AcqRel);
     }
 
@@ -222,6 +234,7 @@ impl Lease {
 mod tests {
     use super::super::test_support::{grant, key};
     use super::*;
+    use crate::store::LockStore;
     use crate::store::memory::MemoryStore;
     use crate::time::drift;
 
@@ -279,6 +292,45 @@ mod tests {
         assert_eq!(l.renewal_at(t0 + Duration::from_secs(50)), Duration::ZERO);
         let free = grant(&MemoryStore::new(), &key("free"), LEASE, None).await;
         assert_eq!(free.renewal_at(t0 + Duration::from_secs(3600)), LEASE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_sent_after_its_length_was_chosen_is_not_valid_past_the_hold_cap() {
+        // A 300 ms lease capped at 300 ms. The renewal at a third of it
+        // asks for what the cap leaves then (200 ms) and goes out 13 ms
+        // later (the batch task ran late); the next, on time, asks for
+        // what is left (87 ms), and the store's expiry falls back to the
+        // cap. The guard must not call the lock valid past it. (Seen in a
+        // history: another worker was granted the key 6.8 ms before the
+        // end of the validity the guard claimed.)
+        let cap = Duration::from_millis(300);
+        let store = MemoryStore::new();
+        let l = grant(&store, &key("late-renewal"), cap, Some(cap)).await;
+        let t0 = l.acquired_at;
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let first = l.renewal_at(Instant::now());
+        assert_eq!(first, Duration::from_millis(200));
+        tokio::time::advance(Duration::from_millis(13)).await;
+        let sent = Instant::now();
+        assert!(store.extend(&l.key, &l.owner, first).await.unwrap());
+        l.renewed(sent, first);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let second = l.renewal_at(Instant::now());
+        assert_eq!(second, Duration::from_millis(87));
+        assert!(store.extend(&l.key, &l.owner, second).await.unwrap());
+        l.renewed(Instant::now(), second);
+        assert!(
+            l.valid_until() <= t0 + cap,
+            "valid until {:?} after the grant, past the 300 ms cap",
+            l.valid_until() - t0
+        );
+        // (Advanced exactly: a timer would round up to the millisecond.)
+        tokio::time::advance(l.valid_until() - Instant::now() - Duration::from_micros(1)).await;
+        assert!(l.is_valid_now());
+        assert!(
+            store.is_locked(&l.key),
+            "the guard calls the lock valid, the store has let it go"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -351,38 +351,109 @@ pub fn check_claims(h: &History, violations: &mut Vec<String>) {
     }
 }
 
+/// What a holder of a key shuts out, for the `lost` check: the kind of
+/// lock the history's workers took.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Excludes {
+    /// The lock (one key's, or each key of a multi-key grant): every
+    /// other holder.
+    Lock,
+    /// One of `n` permits: `n - 1` other holders may stay beside it.
+    Permits(usize),
+    /// A reader-writer lock: a write shuts out reads and writes, a read
+    /// only writes.
+    ReadWrite,
+}
+
+impl Excludes {
+    /// Whether `b`'s grant of `a`'s key, answered after `a`'s, shows that
+    /// `a` was no longer in the store when `b` was granted (unless `a` had
+    /// been given back). The order of the two grants in the store comes
+    /// from the tokens: the key's counter only rises, a lock's, a permit's
+    /// and a write's grant mint a token above it, and a read answers it
+    /// as it stands (raised to the server's TIME where behind). So a
+    /// write's larger token means it came after whatever had the smaller
+    /// one; a read's token at least a write's means it came after that
+    /// write.
+    fn one_shuts_out(self, a: &GrantView, b: &GrantView) -> bool {
+        match self {
+            Excludes::Lock => b.token > a.token,
+            // (Permits: one grant says nothing of one other holder; see
+            // `check_lost_permits`.)
+            Excludes::Permits(_) => false,
+            Excludes::ReadWrite => match (a.shared, b.shared) {
+                (_, false) => b.token > a.token,
+                (false, true) => b.token >= a.token,
+                (true, true) => false,
+            },
+        }
+    }
+}
+
+/// Whether `check_lost` judges a guard of worker `worker` at `at`: not if
+/// the worker had been killed before then, or was stopped (SIGSTOP) or its
+/// runtime did not run (`STALL`) at that moment: had the runtime run at
+/// `at`, the deadline's timer (due earlier) would have fired by then.
+fn judged(h: &History, pauses: &[(u32, u64, u64)], worker: u32, at: u64) -> bool {
+    let (killed, last_event) = h.workers.get(&worker).copied().unwrap_or((false, 0));
+    if killed && last_event < at {
+        return false;
+    }
+    // (50 ms: the heartbeat's threshold.)
+    let grace = 50_000_000;
+    !pauses
+        .iter()
+        .chain(&h.stalls)
+        .any(|&(w, p0, p1)| w == worker && p0 <= at && p1 + grace >= at)
+}
+
 /// Check 1c: every guard whose lock lapsed saw `lost()` by its deadline.
-/// A lock lapsed when another holder was granted the key after it (a
-/// larger token, answered later) before this one gave it back: its Redis
-/// lease had ended, and the guard's deadline comes
-/// before that (it is counted from when the grant or renewal was sent,
-/// less a margin), so `lost()` must have resolved by the other's grant
-/// (plus `LOST_SLACK` for the worker's timer and log). A lock taken with a
-/// hold cap of one lease (`Expire`) lapses by `attempt + LEASE` (or when
-/// its answer came, if later) whoever comes next. Not judged: a worker stopped (SIGSTOP) between its last
-/// look that said held and that moment, or killed before it.
-/// Returns the smallest margin seen (ms by which `lost()` came before the
-/// bound; negative: after).
+///
+/// A lock lapsed when another grant of the key that it shuts out (see
+/// [`Excludes::one_shuts_out`]: the lock's, or a reader-writer lock's
+/// write after a read or either after a write) came after it in the store
+/// and was answered after it, before this one gave it back: its lease in
+/// the store had ended, and the guard's deadline comes before that (it is
+/// counted from when the grant or renewal was sent, less a margin), so
+/// `lost()` must have resolved by the other's grant (plus `LOST_SLACK`
+/// for the worker's timer and log). A grant made in the store before this
+/// one, whose answer was held up past its lease, arrives lost and says
+/// nothing of this one. A guard taken with a hold cap of one lease
+/// (`Expire`) lapses by `attempt + LEASE` (or when its answer came, if
+/// later) whoever comes next. Permits: see [`check_lost_permits`].
+/// Not judged: a worker stopped (SIGSTOP) or not running at that moment
+/// plus the slack, or killed before it.
+/// Returns how many bounds were judged, and the smallest margin seen (ms
+/// by which `lost()` came before the bound; negative: after).
 pub fn check_lost(
     h: &History,
     pauses: &[(u32, u64, u64)],
+    excludes: Excludes,
     violations: &mut Vec<String>,
-) -> Option<f64> {
+) -> (usize, Option<f64>) {
     let mut closest: Option<f64> = None;
+    let mut judged_bounds = 0;
     let slack = LOST_SLACK.as_nanos() as u64;
     for a in &h.grants {
-        // The earliest moment the lock had certainly lapsed, and why: a
-        // later grant of the key, one whose answer came later and whose
-        // token is larger (a grant made in the store before this one, whose
-        // answer was held up past its lease, arrives lost and says nothing
-        // of this one).
+        // The earliest moment the lock had certainly lapsed, and why.
         let next = h
             .grants
             .iter()
-            .filter(|b| b.key == a.key && b.granted > a.granted && b.token > a.token)
+            .filter(|b| b.key == a.key && b.granted > a.granted && excludes.one_shuts_out(a, b))
             .filter(|b| a.given_back.is_none_or(|g| g > b.granted))
             .min_by_key(|b| b.granted);
-        let mut bound = next.map(|b| (b.granted, format!("{} was granted the key", b.id)));
+        // (A reader-writer lock's messages name the sides.)
+        let side = |g: &GrantView| match (excludes, g.shared) {
+            (Excludes::ReadWrite, true) => " (a read)",
+            (Excludes::ReadWrite, false) => " (a write)",
+            _ => "",
+        };
+        let mut bound = next.map(|b| {
+            (
+                b.granted,
+                format!("{}{} was granted the key", b.id, side(b)),
+            )
+        });
         if a.style == "Expire" {
             // (Not before the holder had its answer: a grant answered
             // after its cap arrives lost.)
@@ -394,47 +465,112 @@ pub fn check_lost(
             }
         }
         let Some((by, why)) = bound else { continue };
-        let (killed, last_event) = h.workers.get(&a.worker).copied().unwrap_or((false, 0));
-        if killed && last_event < by + slack {
+        if !judged(h, pauses, a.worker, by + slack) {
             continue;
         }
-        // Had the worker's runtime run at `by + slack`, the deadline's
-        // timer (due at `by` at the latest) would have fired by then; so a
-        // late `LOST` is the lock's fault unless the worker was stopped, or
-        // its runtime did not run, at that moment (50 ms: the heartbeat's
-        // threshold).
-        let at = by + slack;
-        let grace = 50_000_000;
-        let stopped = pauses
-            .iter()
-            .chain(&h.stalls)
-            .any(|&(w, p0, p1)| w == a.worker && p0 <= at && p1 + grace >= at);
-        if stopped {
-            continue;
-        }
+        judged_bounds += 1;
         match a.lost_at {
             Some(l) => {
                 let margin = (by as f64 - l as f64) / 1e6;
                 closest = Some(closest.map_or(margin, |c: f64| c.min(margin)));
                 if l > by + slack {
                     violations.push(format!(
-                        "lost: {}: {}'s lost() resolved {:.1} ms after {why}\n{}",
+                        "lost: {}: {}{}'s lost() resolved {:.1} ms after {why}\n{}",
                         a.key,
                         a.id,
+                        side(a),
                         (l - by) as f64 / 1e6,
                         a.describe()
                     ));
                 }
             }
             None => violations.push(format!(
-                "lost: {}: {}'s lost() never resolved, yet {why} before it gave the lock back\n{}",
+                "lost: {}: {}{}'s lost() never resolved, yet {why} before it gave the lock back\n{}",
                 a.key,
                 a.id,
+                side(a),
                 a.describe()
             )),
         }
     }
-    closest
+    if let Excludes::Permits(n) = excludes {
+        let (judged, permits) = check_lost_permits(h, pauses, n, violations);
+        judged_bounds += judged;
+        closest = match (closest, permits) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    (judged_bounds, closest)
+}
+
+/// Check 1c for permits. One more grant of a key says nothing of any one
+/// holder of its `n` permits, but it says something of them together: a
+/// grant `b` finds fewer than `n` permits in the store (expired ones
+/// removed first), so of the holders whose grants came before it in the
+/// store (a smaller token; answered before `b` was) and who had not given
+/// their permit back when `b` was answered, all but `n - 1` at most had
+/// lapsed, and each of those guards' deadline had passed. So at least
+/// that many of them must have seen `lost()` by `b`'s answer (plus
+/// `LOST_SLACK`). A holder not judged then (stopped, not running, killed)
+/// is counted as one that may have lapsed unseen. It bounds how many
+/// guards saw their loss, not which: a guard that called its permit lost
+/// while the store still had it (a renewal whose answer never came) counts
+/// for one that lapsed. The hold cap of `Expire` guards is judged by
+/// [`check_lost`] per guard. Returns how many grants bounded others'
+/// losses, and the smallest margin (ms) by which the last `lost()` needed
+/// came before its bound.
+fn check_lost_permits(
+    h: &History,
+    pauses: &[(u32, u64, u64)],
+    n: usize,
+    violations: &mut Vec<String>,
+) -> (usize, Option<f64>) {
+    let mut closest: Option<f64> = None;
+    let mut bounds = 0;
+    let slack = LOST_SLACK.as_nanos() as u64;
+    for b in &h.grants {
+        let before: Vec<&GrantView> = h
+            .grants
+            .iter()
+            .filter(|a| a.key == b.key && a.id != b.id)
+            .filter(|a| a.token < b.token && a.granted < b.granted)
+            .filter(|a| a.given_back.is_none_or(|g| g > b.granted))
+            .collect();
+        if before.len() < n {
+            continue;
+        }
+        let lapsed = before.len() + 1 - n;
+        let at = b.granted + slack;
+        bounds += 1;
+        let unjudged = before
+            .iter()
+            .filter(|a| !judged(h, pauses, a.worker, at))
+            .count();
+        let mut seen: Vec<u64> = before
+            .iter()
+            .filter(|a| judged(h, pauses, a.worker, at))
+            .filter_map(|a| a.lost_at.filter(|&l| l <= at))
+            .collect();
+        seen.sort_unstable();
+        if seen.len() + unjudged < lapsed {
+            let held: String = before.iter().map(|a| a.describe()).collect();
+            violations.push(format!(
+                "lost: {}: {} was granted while {} holders of {n} permits had not given theirs \
+                 back, so at least {lapsed} had lapsed, yet only {} of them saw lost() by then \
+                 ({unjudged} not judged)\n{}{held}",
+                b.key,
+                b.id,
+                before.len(),
+                seen.len(),
+                b.describe()
+            ));
+        } else if unjudged == 0 {
+            let margin = (b.granted as f64 - seen[lapsed - 1] as f64) / 1e6;
+            closest = Some(closest.map_or(margin, |c: f64| c.min(margin)));
+        }
+    }
+    (bounds, closest)
 }
 
 /// Check 2: fencing tokens strictly increase in grant order. Two grants are

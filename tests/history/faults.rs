@@ -438,7 +438,8 @@ pub fn inject_faults(
         }
         let fault = first.pop().unwrap_or_else(|| plan.pick(rng));
         let leases = if early { 1.2 } else { 2.5 };
-        let lasted = match fault {
+        let from = mono_ns();
+        let (lasted, target) = match fault {
             Fault::PauseWorker => {
                 let slot = rng.usize(..workers.running.len());
                 // Up to 2.5 leases: often long enough to lose the lock.
@@ -449,7 +450,7 @@ pub fn inject_faults(
                 thread::sleep(pause);
                 workers.signal(slot, libc::SIGCONT);
                 workers.pauses.push((id, from, mono_ns()));
-                Some(pause)
+                (Some(pause), format!("worker={id}"))
             }
             Fault::FreezeLock => {
                 let node = rng.usize(..lock_servers.len());
@@ -457,34 +458,57 @@ pub fn inject_faults(
                 lock_servers[node].freeze();
                 thread::sleep(freeze);
                 lock_servers[node].thaw();
-                Some(freeze)
+                (Some(freeze), format!("node={node}"))
             }
             Fault::KillWorker => {
                 let slot = rng.usize(..workers.running.len());
+                let id = workers.running[slot].id;
                 workers.kill_and_replace(slot);
-                None
+                (None, format!("worker={id}"))
             }
-            Fault::Nothing => None,
-            network => Some(on_links(rng, network, workers, leases)),
+            Fault::Nothing => (None, String::new()),
+            network => {
+                let (lasted, target) = on_links(rng, network, workers, leases);
+                (Some(lasted), target)
+            }
         };
         counts.count(fault, lasted);
+        // For reading a kept history: when each fault began and ended, and
+        // what it hit (a kill ends when its replacement has started).
+        let line = format!(
+            "{from} FAULT {} {target} until={}\n",
+            fault.name(),
+            mono_ns()
+        );
+        let _ = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(workers.dir.join("faults.log"))
+            .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
     }
     counts
 }
 
 /// One network fault on one worker's links (one lock server's, or all of
 /// them), lasting up to `leases` leases; healed before the next fault.
-fn on_links(rng: &mut fastrand::Rng, fault: Fault, workers: &Workers, leases: f64) -> Duration {
+/// How long it lasted, and what it hit.
+fn on_links(
+    rng: &mut fastrand::Rng,
+    fault: Fault,
+    workers: &Workers,
+    leases: f64,
+) -> (Duration, String) {
     let links = workers
         .links
         .as_ref()
         .expect("a network fault without proxies");
     let id = workers.running[rng.usize(..workers.running.len())].id;
     let all = links.of(id);
-    let proxies: Vec<&FaultProxy> = if all.len() > 1 && rng.bool() {
-        vec![&all[rng.usize(..all.len())]]
+    let (proxies, target): (Vec<&FaultProxy>, String) = if all.len() > 1 && rng.bool() {
+        let node = rng.usize(..all.len());
+        (vec![&all[node]], format!("worker={id} node={node}"))
     } else {
-        all.iter().collect()
+        (all.iter().collect(), format!("worker={id} nodes=all"))
     };
     let lasting = LEASE.mul_f64(rng.f64() * (leases - 0.1) + 0.1);
     let each = |f: &dyn Fn(&FaultProxy)| proxies.iter().for_each(|p| f(p));
@@ -508,12 +532,13 @@ fn on_links(rng: &mut fastrand::Rng, fault: Fault, workers: &Workers, leases: f6
         }
         other => unreachable!("{other:?} is not a network fault"),
     }
-    match fault {
+    let lasted = match fault {
         Fault::Sever | Fault::Reset | Fault::ResetMidReply => Duration::ZERO,
         _ => {
             thread::sleep(lasting);
             each(&|p| p.heal());
             lasting
         }
-    }
+    };
+    (lasted, target)
 }
