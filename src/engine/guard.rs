@@ -238,25 +238,7 @@ impl LockGuard {
     /// deadline even if the watchdog's own task cannot run (its runtime
     /// alive but no longer driven).
     pub fn lost(&self) -> impl Future<Output = ()> + Send + '_ {
-        let l = self.shared.lease();
-        async move {
-            loop {
-                tokio::select! {
-                    biased;
-                    () = l.lost.cancelled() => return,
-                    () = tokio::time::sleep_until(l.valid_until()) => {
-                        if l.expire_if_due() {
-                            return;
-                        }
-                        if !l.is_active() {
-                            // Released cleanly: never lost.
-                            std::future::pending::<()>().await;
-                        }
-                        // Renewed meanwhile: watch the new deadline.
-                    }
-                }
-            }
-        }
+        self.shared.lease().until_lost()
     }
 
     /// Whether the lock has been lost (as opposed to held or released): a

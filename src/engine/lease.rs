@@ -200,8 +200,10 @@ impl Lease {
             .compare_exchange(HELD, LOST, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if flipped {
-            crate::observe::lost(&self.span, (&self.key, self.kind), reason.label());
+            // Told first: every waiter on `lost` wakes without waiting on
+            // the metrics and the log.
             self.lost.cancel();
+            crate::observe::lost(&self.span, (&self.key, self.kind), reason.label());
             tracing::warn!(
                 key = %self.key,
                 fencing_token = self.token.ok().map(FencingToken::get),
@@ -217,11 +219,40 @@ impl Lease {
     /// watchdog does so at the deadline, and a guard that looks first (its
     /// watchdog's task cannot run: its runtime is alive but not driven)
     /// does it itself. Whether the lease is lost now.
+    ///
+    /// Read from the status, not from `lost` (cancelled just after the
+    /// status flips): a lease another thread is flipping is lost here
+    /// already, never taken for released.
     pub(crate) fn expire_if_due(&self) -> bool {
         if self.is_active() && Instant::now() >= self.valid_until() {
             self.mark_lost(LossReason::Expired);
         }
-        self.lost.is_cancelled()
+        self.status.load(Ordering::Acquire) == LOST
+    }
+
+    /// Resolves once the lease is lost: told by the watchdog, or found
+    /// past its validity deadline here (see [`expire_if_due`]); pends
+    /// forever once it is released cleanly. The body of
+    /// `LockGuard::lost`.
+    ///
+    /// [`expire_if_due`]: Self::expire_if_due
+    pub(crate) async fn until_lost(&self) {
+        loop {
+            tokio::select! {
+                biased;
+                () = self.lost.cancelled() => return,
+                () = tokio::time::sleep_until(self.valid_until()) => {
+                    if self.expire_if_due() {
+                        return;
+                    }
+                    if !self.is_active() {
+                        // Released cleanly: never lost.
+                        std::future::pending::<()>().await;
+                    }
+                    // Renewed meanwhile: watch the new deadline.
+                }
+            }
+        }
     }
 
     /// Marks the lease released; returns whether it was not released before.
@@ -331,6 +362,24 @@ mod tests {
             store.is_locked(&l.key),
             "the guard calls the lock valid, the store has let it go"
         );
+    }
+
+    /// A lease another thread is flipping to lost (its status flipped,
+    /// `lost` not yet told) when the guard's own deadline check runs:
+    /// `until_lost` resolves, never taking it for a clean release. (It
+    /// pended forever when the check read `lost`: a
+    /// `renewal_isolation` test saw a frozen node's lock never reported
+    /// lost under load, the watchdog and the guard both at the deadline.)
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_flipping_to_lost_at_its_deadline_is_lost_not_released() {
+        let l = grant(&MemoryStore::new(), &key("flipping"), LEASE, None).await;
+        // The flip's first half, as `mark_lost` makes it on another thread.
+        l.status.store(LOST, Ordering::Release);
+        assert!(!l.lost.is_cancelled());
+        assert!(l.expire_if_due(), "a flipped lease is lost");
+        tokio::time::timeout(LEASE * 2, l.until_lost())
+            .await
+            .expect("until_lost took the lease for released");
     }
 
     #[tokio::test(start_paused = true)]
