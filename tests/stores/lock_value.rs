@@ -14,8 +14,8 @@ use crate::support;
 use support::{RedisServer, Reply, stores};
 
 use tower_redis_lock::{
-    AcquireOutcome, FencingToken, HolderId, HolderLabel, LeaseKind, LockKey, LockStore, OwnerToken,
-    RedisStore, Renewal,
+    AcquireAllOutcome, AcquireOutcome, FencingToken, HolderId, HolderLabel, LeaseKind, LockKey,
+    LockStore, OwnerToken, RedisStore, Renewal,
 };
 
 const NS: &str = "value";
@@ -303,6 +303,64 @@ async fn attempts_that_do_not_grant_never_lower_the_counter() {
         granted(store.acquire(&k, &b, LEASE).await.unwrap()).get(),
         9_000_000_000_000_001
     );
+}
+
+/// A re-entry answers at least the token of the grant it enters, even
+/// where the counter lapsed while the lock was held (a retention shorter
+/// than the hold, an eviction) and that token was minted ahead of the
+/// clock (a counter raised by a Redlock write-back): the value carries
+/// the token, and the counter is put back to it, so that the next grant
+/// of the bucket is above it too. (With the counter's answer alone the
+/// re-entry answered a fresh token, the server's time, far below, and
+/// the next holder's token fell below the first's.)
+#[tokio::test]
+async fn a_reentry_after_the_counter_lapsed_keeps_its_grants_token() {
+    let (store, server) = stores::redis();
+    let (a, b) = (OwnerToken::generate(), OwnerToken::generate());
+    let k = key("lapsed");
+    let fence = store.fence_key(&k);
+    server.cmd(&["SET", &fence, "9000000000000000"]);
+    let first = granted(store.acquire(&k, &a, LEASE).await.unwrap());
+    assert_eq!(first.get(), 9_000_000_000_000_001);
+    server.cmd(&["DEL", &fence]);
+    let again = match store.acquire(&k, &a, LEASE).await.unwrap() {
+        AcquireOutcome::Granted(t) => t,
+        other => panic!("the re-entry was not granted: {other:?}"),
+    };
+    assert_eq!(again, first, "the re-entry's token");
+    assert!(store.release(&k, &a).await.unwrap());
+    let next = granted(store.acquire(&k, &b, LEASE).await.unwrap());
+    assert!(
+        next > first,
+        "the next holder's token {next:?} is not above {first:?}"
+    );
+}
+
+/// The same for a multi-key grant that finds a lock ours already (one
+/// script for every key): the fresh token is above the one the lock had.
+#[tokio::test]
+async fn a_multi_key_grant_after_the_counter_lapsed_mints_above_the_lock_it_holds() {
+    let (store, server) = stores::redis();
+    let owner = OwnerToken::generate();
+    let (k, other) = (key("lapsed-all"), key("lapsed-other"));
+    let fence = store.fence_key(&k);
+    server.cmd(&["SET", &fence, "9000000000000000"]);
+    let first = granted(store.acquire(&k, &owner, LEASE).await.unwrap());
+    server.cmd(&["DEL", &fence]);
+    match store
+        .acquire_all(&[k.clone(), other.clone()], &owner, LEASE)
+        .await
+        .unwrap()
+    {
+        AcquireAllOutcome::Granted(tokens) => {
+            let again = tokens[0].expect("fenced");
+            assert!(
+                again > first,
+                "the fresh token {again:?} is not above {first:?}"
+            );
+        }
+        held => panic!("not granted: {held:?}"),
+    }
 }
 
 /// What a fenced cycle costs on one primary: the grant's `EVALSHA` and its

@@ -18,8 +18,8 @@
 -- the node a slot migrates from (after a {4} answer), ARGV[9] (optional,
 -- with fencing) the holder's label
 -- -> {1, token} granted, {3, token} re-entered by the same owner (the
---    counter as it stood, which is at least the token of its grant: see
---    below), {0, pttl} held,
+--    counter as it stood, or the token of its grant where that is larger:
+--    see below), {0, pttl} held,
 --    {2, record} completed (only when the record is given), {4, ''} the
 --    record may be on the other node of a migrating slot: read it there
 --    (a plain GET, which the Cluster routes) and call again; without
@@ -150,6 +150,16 @@ end
 -- The counter as it must be left: `token` on a grant; as it was where
 -- this was a re-entry, or where TIME is not above it (it must not fall).
 local mine = cur and owned_by(cur, ARGV[1])
+if mine then
+  -- A re-entry answers at least the token of the grant it enters, which
+  -- its value carries: the counter may have lapsed meanwhile (its
+  -- retention shorter than the hold, an eviction) or been left behind
+  -- that token (minted from a counter ahead of the clock, on Redlock).
+  local t = string.match(cur, '^%S+ (%d+) ')
+  if t and (type(last) ~= 'string' or #t > #last or (#t == #last and t > last)) then
+    last = t
+  end
+end
 local ours = mine and type(last) == 'string'
 if not cluster then
   if ours or (cur and token ~= s) then
@@ -172,8 +182,9 @@ if ours then
   return {3, last}
 end
 if mine then
-  -- Ours already, but the counter lapsed: a fresh token, as a grant mints
-  -- one, and the record in the value with it.
+  -- Ours already, a value without its token (an older version's), and
+  -- the counter lapsed: a fresh token, as a grant mints one, and the
+  -- record in the value with it.
   redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
   return {1, token}
 end

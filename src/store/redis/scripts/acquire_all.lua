@@ -18,7 +18,8 @@
 --
 -- First every lock and counter is read, and nothing is written until all
 -- are free: a partial grant is never seen. A lock ours already (an attempt
--- whose answer was lost) is granted again with a fresh token.
+-- whose answer was lost) is granted again with a fresh token, above the
+-- one it had.
 local cluster = ARGV[3] == '1'
 if cluster then
   -- Names of the slot may be on either node while it migrates (see
@@ -45,10 +46,21 @@ for i = 1, #KEYS do
     if held == nil or longest ~= -1 and (pttl == -1 or pttl > longest) then
       held, longest = i, pttl
     end
-  elseif fenced and last[ARGV[at + 2]] == nil then
-    local got = redis.pcall('GET', ARGV[at + 2])
-    if type(got) == 'table' then return {4} end
-    last[ARGV[at + 2]] = got or false
+  elseif fenced then
+    local counter = ARGV[at + 2]
+    if last[counter] == nil then
+      local got = redis.pcall('GET', counter)
+      if type(got) == 'table' then return {4} end
+      last[counter] = got or false
+    end
+    -- A lock ours already: its token, in its value, is a floor for the
+    -- fresh one as the counter is (which may have lapsed meanwhile, or be
+    -- behind it: see acquire.lua).
+    local t = cur and string.match(cur, '^%S+ (%d+) ')
+    local l = last[counter]
+    if t and (not l or #t > #l or (#t == #l and t > l)) then
+      last[counter] = t
+    end
   end
 end
 if held then return {0, held, longest} end
