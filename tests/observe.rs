@@ -451,3 +451,20 @@ async fn a_rwlocks_spans_name_their_side() {
         .collect();
     assert_eq!(kinds, [Some("read".to_owned()), Some("write".to_owned())]);
 }
+
+/// A lost lock released through one clone (the layer's end of the request
+/// while the handler keeps a clone) still reads as lost through another.
+#[tokio::test(start_paused = true)]
+async fn a_lost_lock_released_through_a_clone_is_still_lost() {
+    let (store, locker) = three_second_lease();
+    let guard = locker.acquire(&key("released-lost")).await.unwrap();
+    let clone = guard.clone();
+    assert!(store.lose(&key("released-lost")));
+    guard.lost().await;
+    assert!(clone.is_lost(), "lost before the release");
+    assert!(!guard.release().await.unwrap());
+    assert!(
+        clone.is_lost(),
+        "a lost lock released through a clone reads as not lost"
+    );
+}

@@ -200,10 +200,10 @@ impl Lease {
             .compare_exchange(HELD, LOST, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if flipped {
-            // Told first: every waiter on `lost` wakes without waiting on
-            // the metrics and the log.
-            self.lost.cancel();
+            // The metrics and the span first, so that whoever `lost` wakes
+            // finds them (a deadline check meanwhile reads the status).
             crate::observe::lost(&self.span, (&self.key, self.kind), reason.label());
+            self.lost.cancel();
             tracing::warn!(
                 key = %self.key,
                 fencing_token = self.token.ok().map(FencingToken::get),
@@ -220,14 +220,15 @@ impl Lease {
     /// watchdog's task cannot run: its runtime is alive but not driven)
     /// does it itself. Whether the lease is lost now.
     ///
-    /// Read from the status, not from `lost` (cancelled just after the
-    /// status flips): a lease another thread is flipping is lost here
-    /// already, never taken for released.
+    /// Read from the status and from `lost`: a lease another thread is
+    /// flipping (the status flipped, `lost` told just after) is lost here
+    /// already, and a lost lease stays lost when a clone releases it
+    /// afterwards (the status then says released; `lost` was told).
     pub(crate) fn expire_if_due(&self) -> bool {
         if self.is_active() && Instant::now() >= self.valid_until() {
             self.mark_lost(LossReason::Expired);
         }
-        self.status.load(Ordering::Acquire) == LOST
+        self.status.load(Ordering::Acquire) == LOST || self.lost.is_cancelled()
     }
 
     /// Resolves once the lease is lost: told by the watchdog, or found
@@ -246,8 +247,11 @@ impl Lease {
                         return;
                     }
                     if !self.is_active() {
-                        // Released cleanly: never lost.
-                        std::future::pending::<()>().await;
+                        // Released: lost only if `lost` is told (a clone's
+                        // release inside another thread's flip to lost);
+                        // after a clean release, never.
+                        self.lost.cancelled().await;
+                        return;
                     }
                     // Renewed meanwhile: watch the new deadline.
                 }
@@ -380,6 +384,42 @@ mod tests {
         tokio::time::timeout(LEASE * 2, l.until_lost())
             .await
             .expect("until_lost took the lease for released");
+    }
+
+    /// A lost lease that a clone releases afterwards (the layer's end of a
+    /// request while the handler holds a clone, `MultiGuard::release`)
+    /// stays lost. (With the status alone read, it turned not lost.)
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_lease_released_afterwards_stays_lost() {
+        let l = grant(&MemoryStore::new(), &key("lost-then-released"), LEASE, None).await;
+        assert!(l.mark_lost(LossReason::NotOwner));
+        assert!(l.expire_if_due());
+        l.mark_released();
+        assert!(
+            l.expire_if_due(),
+            "a lost lease read as not lost once released"
+        );
+    }
+
+    /// A clone's release landing inside another thread's flip to lost (the
+    /// status flipped, then released, then `lost` told): `until_lost`
+    /// resolves once `lost` is told. (It pended for ever when it took the
+    /// lease for cleanly released at its deadline.)
+    #[tokio::test(start_paused = true)]
+    async fn a_release_inside_the_flip_to_lost_still_resolves_until_lost() {
+        let l = grant(&MemoryStore::new(), &key("flip-window"), LEASE, None).await;
+        l.status.store(LOST, Ordering::Release);
+        l.mark_released();
+        let waiter = l.until_lost();
+        tokio::pin!(waiter);
+        assert!(
+            tokio::time::timeout(LEASE * 2, &mut waiter).await.is_err(),
+            "resolved before lost was told"
+        );
+        l.lost.cancel();
+        tokio::time::timeout(LEASE * 2, &mut waiter)
+            .await
+            .expect("until_lost pends although lost was told");
     }
 
     #[tokio::test(start_paused = true)]

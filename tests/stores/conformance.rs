@@ -248,10 +248,13 @@ macro_rules! conformance {
             #[tokio::test]
             async fn the_watchdog_keeps_a_lease_alive_across_several_lease_lengths() {
                 let (store, _keep) = $fixture;
-                let l = locker(store, 600, 0);
+                // A 1.2 s lease, renewed every 400 ms: a renewal late by
+                // 400 ms on a loaded machine (CI runs two test passes at
+                // once) does not end it; three leases watched.
+                let l = locker(store, 1_200, 0);
                 let k = key("watchdog");
                 let g = l.acquire(&k).await.unwrap();
-                let until = tokio::time::Instant::now() + Duration::from_millis(3_000);
+                let until = tokio::time::Instant::now() + Duration::from_millis(3_600);
                 while tokio::time::Instant::now() < until {
                     assert!(g.is_held(), "lost after {:?}", g.acquired_at().elapsed());
                     assert!(l.try_acquire(&k).await.unwrap_err().is_contended());
@@ -552,12 +555,12 @@ macro_rules! conformance {
             async fn inspect_follows_renewals_and_the_holder_record_goes_with_the_lock() {
                 let (store, _keep) = $fixture;
                 let l = Locker::builder(store.clone())
-                    .lease(Duration::from_millis(600))
+                    .lease(Duration::from_millis(1_200))
                     .label("renewed")
                     .build()
                     .unwrap();
                 let k = key("inspect-renewed");
-                let lease = Duration::from_millis(600);
+                let lease = Duration::from_millis(1_200);
                 let guard = l.acquire(&k).await.unwrap();
                 // Renewed four times by the watchdog (the fourth at 4/3 of
                 // the lease, past the end of the first): the holder record

@@ -336,6 +336,34 @@ async fn a_reentry_after_the_counter_lapsed_keeps_its_grants_token() {
     );
 }
 
+/// The same on a Cluster: the re-entry answers its grant's token and puts
+/// the lapsed counter back to it, so that the next grant is above it.
+/// (Without the put-back there, the next grant fell to the server's time,
+/// below the token the re-entry had just answered.)
+#[tokio::test]
+async fn a_reentry_on_a_cluster_after_the_counter_lapsed_keeps_its_grants_token() {
+    let (store, cluster) = stores::cluster();
+    let (a, b) = (OwnerToken::generate(), OwnerToken::generate());
+    let k = key("lapsed-cluster");
+    let fence = store.fence_key(&k);
+    let node = &cluster.nodes[cluster.node_for_slot(cluster.slot_of(&fence))];
+    node.cmd(&["SET", &fence, "9000000000000000"]);
+    let first = granted(store.acquire(&k, &a, LEASE).await.unwrap());
+    assert_eq!(first.get(), 9_000_000_000_000_001);
+    node.cmd(&["DEL", &fence]);
+    let again = match store.acquire(&k, &a, LEASE).await.unwrap() {
+        AcquireOutcome::Granted(t) => t,
+        other => panic!("the re-entry was not granted: {other:?}"),
+    };
+    assert_eq!(again, first, "the re-entry's token");
+    assert!(store.release(&k, &a).await.unwrap());
+    let next = granted(store.acquire(&k, &b, LEASE).await.unwrap());
+    assert!(
+        next > first,
+        "the next holder's token {next:?} is not above {first:?}"
+    );
+}
+
 /// The same for a multi-key grant that finds a lock ours already (one
 /// script for every key): the fresh token is above the one the lock had.
 #[tokio::test]

@@ -105,7 +105,7 @@ async fn a_waiter_is_told_the_lease_left_and_woken_by_the_release() {
 async fn the_watchdog_renews_an_unfenced_lock() {
     let server = RedisServer::start();
     let locker = Locker::builder(store(&server))
-        .lease(Duration::from_millis(300))
+        .lease(Duration::from_millis(1_000))
         .build()
         .unwrap();
     let guard = locker.try_acquire(&key("renewed")).await.unwrap();

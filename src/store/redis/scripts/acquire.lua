@@ -150,13 +150,16 @@ end
 -- The counter as it must be left: `token` on a grant; as it was where
 -- this was a re-entry, or where TIME is not above it (it must not fall).
 local mine = cur and owned_by(cur, ARGV[1])
+local read = last
 if mine then
   -- A re-entry answers at least the token of the grant it enters, which
   -- its value carries: the counter may have lapsed meanwhile (its
   -- retention shorter than the hold, an eviction) or been left behind
   -- that token (minted from a counter ahead of the clock, on Redlock).
-  local t = string.match(cur, '^%S+ (%d+) ')
-  if t and (type(last) ~= 'string' or #t > #last or (#t == #last and t > last)) then
+  -- (A token as the store writes them: no leading zero, at most 19
+  -- digits; anything else in the value is not taken for one.)
+  local t = string.match(cur, '^%S+ ([1-9]%d*) ')
+  if t and #t <= 19 and (type(last) ~= 'string' or #t > #last or (#t == #last and t > last)) then
     last = t
   end
 end
@@ -174,6 +177,10 @@ elseif not cur or (mine and not ours) then
     return {1, token}
   end
   redis.call('SET', ARGV[4], token, 'PX', ARGV[5])
+elseif ours and last ~= read and writable(read) then
+  -- A re-entry above the counter (lapsed, or behind its value's token):
+  -- the counter put back to it, as on one primary, where it is here.
+  redis.call('SET', ARGV[4], last, 'PX', ARGV[5])
 end
 if not cur then return {1, token} end
 if ours then

@@ -56,9 +56,9 @@ for i = 1, #KEYS do
     -- A lock ours already: its token, in its value, is a floor for the
     -- fresh one as the counter is (which may have lapsed meanwhile, or be
     -- behind it: see acquire.lua).
-    local t = cur and string.match(cur, '^%S+ (%d+) ')
+    local t = cur and string.match(cur, '^%S+ ([1-9]%d*) ')
     local l = last[counter]
-    if t and (not l or #t > #l or (#t == #l and t > l)) then
+    if t and #t <= 19 and (not l or #t > #l or (#t == #l and t > l)) then
       last[counter] = t
     end
   end
