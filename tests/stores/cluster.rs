@@ -1113,11 +1113,7 @@ async fn failover_with_locks(
 /// lock is held and a waiter queued: the lock is never granted to a second
 /// holder, the holder keeps it, and the waiter is woken within the
 /// holder's lease (3 s) of the release, not by its once-a-minute poll: a
-/// waiter tries again when the lease it learned ends at the latest. (Woken
-/// by the release itself in most runs since the notifier checks where a
-/// renewed subscription went; with an 8 s lease and a 1 s bound this
-/// test failed in 2 of about 14 full runs under CI's load, the waiter
-/// not woken within 10 s: that wake is not yet reliable.)
+/// waiter tries again when the lease it learned ends at the latest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manual_failover_keeps_held_locks_and_wakes_waiters() {
     let (cluster, primary, replica) = failover_cluster();

@@ -170,9 +170,6 @@ pub(super) enum Subscriber {
 pub(super) enum Failure {
     Redis(RedisError),
     Timeout,
-    /// It went to a replica (see [`Subscriber::on_a_primary`]).
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-    OnAReplica,
 }
 
 impl Failure {
@@ -180,13 +177,6 @@ impl Failure {
         match self {
             Failure::Redis(e) => Error::from_redis(Operation::Subscribe, Some(key), e),
             Failure::Timeout => timeout_error(Operation::Subscribe, Some(key), timeout),
-            Failure::OnAReplica => Error::Unavailable {
-                op: Operation::Subscribe,
-                key: Some(key.clone()),
-                source: "the subscription went to a replica (the slot map named a primary \
-                         replaced since)"
-                    .into(),
-            },
         }
     }
 
@@ -252,40 +242,6 @@ impl Subscriber {
         }
     }
 
-    /// Whether `channel`'s subscription went to a primary: asks `ROLE` of
-    /// the node the connection's slot map names for the channel's slot,
-    /// where `SSUBSCRIBE` went. Right after a failover that map may still
-    /// name the old primary, which, now a replica of the new one, takes
-    /// the subscription (a replica serves its primary's shard channels)
-    /// and hears nothing published on the new primary until that counts
-    /// it as its replica (seconds). A node that refuses `ROLE` (an ACL)
-    /// counts as a primary: no worse than not asking.
-    #[cfg(feature = "cluster")]
-    pub(super) async fn on_a_primary(
-        &self,
-        channel: &str,
-        timeout: Duration,
-    ) -> Result<bool, Failure> {
-        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-        let Subscriber::Sharded(conn) = self else {
-            return Ok(true);
-        };
-        let mut conn = (**conn).clone();
-        let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
-            channel,
-            SlotAddr::Master,
-        )));
-        match bounded(timeout, conn.route_command(redis::cmd("ROLE"), to)).await {
-            Ok(Value::Array(role)) => Ok(!matches!(
-                role.first(),
-                Some(Value::BulkString(r)) if r.as_slice() == b"slave" || r.as_slice() == b"replica"
-            )),
-            Ok(_) => Ok(true),
-            Err(Failure::Redis(e)) if e.code().is_some() => Ok(true),
-            Err(f) => Err(f),
-        }
-    }
-
     /// A cluster's sharded pub/sub connection.
     pub(super) fn is_sharded(&self) -> bool {
         match self {
@@ -312,7 +268,7 @@ impl Subscriber {
             }
             #[cfg(feature = "cluster")]
             Subscriber::Sharded(_) => match failure {
-                Failure::Timeout | Failure::OnAReplica => false,
+                Failure::Timeout => false,
                 // (A node that does not answer in time, or cannot be
                 // reached, as its own connection reports it.)
                 Failure::Redis(e) => {

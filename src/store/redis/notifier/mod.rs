@@ -17,11 +17,7 @@
 //! a subscription was confirmed again — every affected waiter is woken so
 //! that it tries the lock again, and lost subscriptions are renewed (with a
 //! backoff while that fails) and their waiters woken once more when they are
-//! back. After a server dropped a subscription, each renewed subscription
-//! is checked to be on a primary (a slot map read right after a failover
-//! names the old primary, now a replica that takes the subscription and
-//! hears nothing); one on a replica is made again over a fresh slot map.
-//! A server that rejects the subscribe command turns notifications off
+//! back. A server that rejects the subscribe command turns notifications off
 //! for the store (logged once): waiters poll.
 
 use std::collections::HashMap;

@@ -49,7 +49,6 @@ pub(super) fn spawn(
         retry_at: None,
         backoff: RETRY_FIRST,
         polling: false,
-        check_placement: false,
     };
     tokio::spawn(task.run(cmds_rx, events_rx));
 }
@@ -70,10 +69,6 @@ struct Task {
     backoff: Duration,
     /// The server has no pub/sub for us: answer every subscribe with "poll".
     polling: bool,
-    /// A subscription was dropped by its server (its slot moved): until
-    /// every wanted channel is live again, each subscription is checked to
-    /// be on a primary (see `Subscriber::on_a_primary`).
-    check_placement: bool,
 }
 
 impl Task {
@@ -120,10 +115,7 @@ impl Task {
         match event {
             Event::Closed => self.close(),
             Event::Dropped(None) => self.lose(|_| true),
-            Event::Dropped(Some(name)) => {
-                self.check_placement = true;
-                self.lose(|ch| ch == name);
-            }
+            Event::Dropped(Some(name)) => self.lose(|ch| ch == name),
             Event::Stray(name) => {
                 if !lock(&self.channels).contains_key(&name)
                     && let Some(c) = &mut self.conn
@@ -313,7 +305,6 @@ impl Task {
         } else {
             self.retry_at = None;
             self.backoff = RETRY_FIRST;
-            self.check_placement = false;
         }
     }
 
@@ -323,27 +314,7 @@ impl Task {
         let Some(c) = &mut self.conn else {
             return;
         };
-        #[cfg_attr(not(feature = "cluster"), allow(unused_mut))]
-        let mut outcomes = c.sub.subscribe(wanted, self.timeout).await;
-        #[cfg(feature = "cluster")]
-        if self.check_placement {
-            let sub = &c.sub;
-            let timeout = self.timeout;
-            let checks = wanted
-                .iter()
-                .zip(&outcomes)
-                .map(|(name, outcome)| async move {
-                    match outcome {
-                        Ok(()) => match sub.on_a_primary(name, timeout).await {
-                            Ok(true) => Ok(()),
-                            Ok(false) => Err(Failure::OnAReplica),
-                            Err(f) => Err(f),
-                        },
-                        Err(f) => Err(f.clone()),
-                    }
-                });
-            outcomes = futures_util::future::join_all(checks).await;
-        }
+        let outcomes = c.sub.subscribe(wanted, self.timeout).await;
         let mut map = lock(&self.channels);
         for (name, outcome) in wanted.iter().zip(outcomes) {
             match (outcome, map.get_mut(name)) {
@@ -380,7 +351,7 @@ impl Task {
         };
         let error = match why {
             Failure::Redis(e) => e.to_string(),
-            Failure::Timeout | Failure::OnAReplica => String::new(),
+            Failure::Timeout => String::new(),
         };
         tracing::warn!(
             %error,
