@@ -159,7 +159,7 @@ if mine then
   -- (A token as the store writes them: no leading zero, at most 19
   -- digits; anything else in the value is not taken for one.)
   local t = string.match(cur, '^%S+ ([1-9]%d*) ')
-  if t and #t <= 19 and (type(last) ~= 'string' or #t > #last or (#t == #last and t > last)) then
+  if t and #t <= 19 and above(t, type(last) == 'string' and last) then
     last = t
   end
 end

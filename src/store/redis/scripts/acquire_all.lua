@@ -58,7 +58,7 @@ for i = 1, #KEYS do
     -- behind it: see acquire.lua).
     local t = cur and string.match(cur, '^%S+ ([1-9]%d*) ')
     local l = last[counter]
-    if t and #t <= 19 and (not l or #t > #l or (#t == #l and t > l)) then
+    if t and #t <= 19 and above(t, l) then
       last[counter] = t
     end
   end

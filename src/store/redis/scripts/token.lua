@@ -13,8 +13,13 @@ local function now_us()
   local us = t[2]
   return t[1] .. string.rep('0', 6 - #us) .. us
 end
+-- above(a, b): whether the decimal string `a` (no leading zero) is above
+-- `b` (false or nil: none), compared as strings of digits.
+local function above(a, b)
+  return not b or #a > #b or (#a == #b and a > b)
+end
 local function next_token(last, now)
-  if last and (#last > #now or (#last == #now and last >= now)) then
+  if last and not above(now, last) then
     return string.format('%.0f', tonumber(last) + 1)
   end
   return now
