@@ -19,6 +19,11 @@
 //! S1/S2 only), `rslock` 0.10 (`LockManager::lock` then `unlock`), `ours`
 //! (`Locker::try_acquire` then `LockGuard::release`, fencing on, the
 //! default) and `ours-unfenced` (the same, `RedisStoreBuilder::fencing(false)`).
+//! Two more cases on plain redis-rs connections, the floors (see
+//! `floor.rs`): `floor-fenced` (one script minting a clock-floored token
+//! on the server, an owner-checked release) and `floor-unfenced` (`SET NX
+//! PX`, rslock's release), the least a safe cycle can cost; the table
+//! gives each of our cases' ratio to its floor too (S4: the fenced one).
 //! For each: cycles per second, the ratio to rslock, S1's p50/p99 latency
 //! of a cycle, Redis commands per cycle (`INFO commandstats`, every call
 //! including those scripts run, over all servers) and Redis CPU per cycle
@@ -31,6 +36,8 @@ mod support;
 
 #[path = "../common/mod.rs"]
 mod common;
+
+mod floor;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,6 +57,8 @@ enum Case {
     Rslock,
     Ours,
     Unfenced,
+    FloorFenced,
+    FloorUnfenced,
 }
 
 impl Case {
@@ -59,6 +68,17 @@ impl Case {
             Case::Rslock => "rslock",
             Case::Ours => "ours",
             Case::Unfenced => "ours-unfenced",
+            Case::FloorFenced => "floor-fenced",
+            Case::FloorUnfenced => "floor-unfenced",
+        }
+    }
+
+    /// The floor case this case is measured against, if any.
+    fn floor(self) -> Option<Case> {
+        match self {
+            Case::Ours => Some(Case::FloorFenced),
+            Case::Unfenced => Some(Case::FloorUnfenced),
+            _ => None,
         }
     }
 }
@@ -69,6 +89,7 @@ struct Client {
     rslock: rslock::LockManager,
     ours: Ours,
     unfenced: Ours,
+    floor: floor::Floor,
 }
 
 /// Our locker as a user writes it: over the store itself (no `BoxStore`).
@@ -115,6 +136,7 @@ impl Client {
             rslock: rslock::LockManager::new(urls.to_vec()),
             ours: store(true),
             unfenced: store(false),
+            floor: floor::Floor::new(urls).await,
         }
     }
 
@@ -149,6 +171,8 @@ impl Client {
                 let k = LockKey::new("cmp", task.to_string()).unwrap();
                 locker.cycle(&k).await;
             }
+            Case::FloorFenced => self.floor.cycle(true, task).await,
+            Case::FloorUnfenced => self.floor.cycle(false, task).await,
         }
     }
 }
@@ -255,20 +279,28 @@ fn scenario(
         "\n{name}: {nodes} server(s), {tasks} task(s), {n} cycles x {PASSES} passes (median [min-max])"
     );
     println!(
-        "| case | cycles/s | ÷ rslock | p50 µs | p99 µs | p99 ÷ rslock | Redis cmds/cycle | Redis CPU µs/cycle | client CPU µs/cycle |"
+        "| case | cycles/s | ÷ rslock | ÷ its floor | p50 µs | p99 µs | p99 ÷ rslock | Redis cmds/cycle | Redis CPU µs/cycle | client CPU µs/cycle |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (i, case) in cases.iter().enumerate() {
         let col = |f: fn(&Run) -> f64| common::median(runs[i].iter().map(f).collect());
         let (rate, lo, hi) = col(|r| r.per_s);
         let (p50, p99) = (col(|r| r.p50_us).0, col(|r| r.p99_us).0);
+        // Each pass's ratio to the floor measured in the same pass.
+        let to_floor = case
+            .floor()
+            .and_then(|f| cases.iter().position(|&c| c == f))
+            .map_or("–".to_owned(), |f| {
+                let ratios = runs[i].iter().zip(&runs[f]).map(|(a, b)| a.per_s / b.per_s);
+                format!("{:.2}", common::median(ratios.collect()).0)
+            });
         let lat = if tasks == 1 {
             format!("{p50:.0} | {p99:.0} | {:.2}", p99 / rs_p99)
         } else {
             "– | – | –".to_owned()
         };
         println!(
-            "| {} | {rate:.0} [{lo:.0}–{hi:.0}] | {:.2} | {lat} | {:.1} | {:.1} | {:.1} |",
+            "| {} | {rate:.0} [{lo:.0}–{hi:.0}] | {:.2} | {to_floor} | {lat} | {:.1} | {:.1} | {:.1} |",
             case.name(),
             rate / rs_rate,
             col(|r| r.cmds).0,
@@ -285,7 +317,14 @@ fn main() {
     }
     common::pin_self_to_cpu0();
     let rt = common::runtime();
-    let all = [Case::Raw, Case::Rslock, Case::Ours, Case::Unfenced];
+    let all = [
+        Case::Raw,
+        Case::Rslock,
+        Case::Ours,
+        Case::Unfenced,
+        Case::FloorFenced,
+        Case::FloorUnfenced,
+    ];
     if let Ok(only) = std::env::var("COMPARE_PROFILE") {
         // For a profiler (`perf record`): one scenario's one case, 10 times
         // its cycles, and nothing else, e.g. `COMPARE_PROFILE=S2:ours-unfenced`.
@@ -295,7 +334,7 @@ fn main() {
         let case = *all
             .iter()
             .find(|c| c.name() == case)
-            .expect("case: raw, rslock, ours or ours-unfenced");
+            .expect("case: raw, rslock, ours, ours-unfenced, floor-fenced or floor-unfenced");
         let (nodes, tasks, n) = match name {
             "S1" => (1, 1, 30_000),
             "S2" => (1, 64, 300_000),
@@ -338,6 +377,6 @@ fn main() {
         5,
         1,
         1_000,
-        &[Case::Rslock, Case::Ours, Case::Unfenced],
+        &[Case::Rslock, Case::Ours, Case::Unfenced, Case::FloorFenced],
     );
 }

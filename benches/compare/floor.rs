@@ -1,0 +1,149 @@
+//! The floor cases: the least Redis and the client library must do for a
+//! safe cycle, sent on plain redis-rs connections, with none of the
+//! crate's own work (no guard, watchdog, waiter mark, holder record,
+//! re-entry, metrics). What a case here reaches is what any crate built
+//! on redis-rs could reach against the same server for that cycle.
+//!
+//! * `floor-unfenced`: `SET lock owner NX PX ttl`, then an owner-checked
+//!   release: one script of a `GET` and a `DEL` (rslock's release). The
+//!   owner is unique per acquire (a counter: no random source).
+//! * `floor-fenced`: a grant that mints a fencing token on the server,
+//!   floored by its clock as ours is (a counter that lapses or is lost
+//!   must not make tokens fall): one script of `TIME`, the counter's
+//!   `SET … PX … GET` (a fourth call, `SET`, only when the counter is at
+//!   or past the clock) and the lock's `SET … NX PX … GET`; the release
+//!   as above, matching the owner as the value's prefix. Over several
+//!   servers (S4), every server at once, the token the quorum-th largest
+//!   (every server granted: no write-back, as ours when all grant).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures_util::future::join_all;
+use redis::aio::MultiplexedConnection;
+
+const GRANT: &str = r"
+local t = redis.call('TIME')
+local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+local last = redis.call('SET', KEYS[2], now, 'PX', ARGV[3], 'GET')
+local token = now
+if last and (#last > #now or (#last == #now and last >= now)) then
+  token = string.format('%.0f', tonumber(last) + 1)
+  redis.call('SET', KEYS[2], token, 'PX', ARGV[3])
+end
+if redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. token, 'NX', 'PX', ARGV[2], 'GET') then
+  return 0
+end
+return token
+";
+
+const RELEASE: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, #ARGV[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// The counter's retention (ours by default: a day).
+const RETENTION_MS: u64 = 86_400_000;
+
+static OWNERS: AtomicU64 = AtomicU64::new(1);
+
+/// Connections to each server, with both scripts loaded.
+pub struct Floor {
+    conns: Vec<MultiplexedConnection>,
+    grant: String,
+    release: String,
+}
+
+impl Floor {
+    pub async fn new(urls: &[String]) -> Floor {
+        let mut conns = Vec::new();
+        let (mut grant, mut release) = (String::new(), String::new());
+        for u in urls {
+            let client = redis::Client::open(u.as_str()).unwrap();
+            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            grant = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(GRANT)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            release = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(RELEASE)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            conns.push(c);
+        }
+        Floor {
+            conns,
+            grant,
+            release,
+        }
+    }
+
+    /// One acquire + release of `task`'s lock, fenced or not.
+    pub async fn cycle(&self, fenced: bool, task: usize) {
+        let lock = format!("floor:{task}");
+        let owner = format!("{:032x}", OWNERS.fetch_add(1, Ordering::Relaxed));
+        let ttl = super::TTL.as_millis() as u64;
+        let grants = self.conns.iter().map(|c| {
+            let mut c = c.clone();
+            let (lock, owner) = (&lock, &owner);
+            async move {
+                if fenced {
+                    let token: u64 = redis::cmd("EVALSHA")
+                        .arg(&self.grant)
+                        .arg(2)
+                        .arg(lock)
+                        .arg("floor:fence")
+                        .arg(owner)
+                        .arg(ttl)
+                        .arg(RETENTION_MS)
+                        .query_async(&mut c)
+                        .await
+                        .unwrap();
+                    token
+                } else {
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg(lock)
+                        .arg(owner)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(ttl)
+                        .query_async(&mut c)
+                        .await
+                        .unwrap();
+                    u64::from(set.is_some())
+                }
+            }
+        });
+        let mut tokens = join_all(grants).await;
+        // Uncontended: every server grants.
+        assert!(
+            tokens.iter().all(|&t| t > 0),
+            "the floor's grant was refused"
+        );
+        tokens.sort_unstable();
+        let quorum = self.conns.len() / 2 + 1;
+        std::hint::black_box(tokens[self.conns.len() - quorum]);
+        let releases = self.conns.iter().map(|c| {
+            let mut c = c.clone();
+            let (lock, owner) = (&lock, &owner);
+            async move {
+                let n: i64 = redis::cmd("EVALSHA")
+                    .arg(&self.release)
+                    .arg(1)
+                    .arg(lock)
+                    .arg(owner)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                n
+            }
+        });
+        assert!(join_all(releases).await.iter().all(|&n| n == 1));
+    }
+}
