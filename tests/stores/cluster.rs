@@ -1260,6 +1260,35 @@ async fn a_request_completed_while_its_slot_migrates_keeps_its_record() {
     }
 }
 
+/// A first request whose slot is moving, with no record anywhere, is
+/// granted: the grant runs where the slot goes (its lock is nowhere yet),
+/// answers that the record may be on the node the slot leaves, the store
+/// reads it there, finds none and asks again saying so (acquire.lua's `m`
+/// flag), and the second answer grants. Without the flag every answer is
+/// the same, and the request fails after three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_request_whose_slot_is_moving_is_granted() {
+    let cluster = Cluster::start(3);
+    let l = timed_locker(
+        &cluster,
+        Duration::from_millis(500),
+        Duration::from_secs(30),
+    );
+    let k = key_on(&cluster, 0, None, "mig-first-");
+    let slot = cluster.slot_of(&redis_name("cl", k.id(), "lock"));
+    let ids = cluster.node_ids();
+    setslot(&cluster, 1, slot, &["IMPORTING", &ids[0]]);
+    setslot(&cluster, 0, slot, &["MIGRATING", &ids[1]]);
+    let g = match l.acquire_or_replay(&k).await {
+        Ok(Acquired::Locked(g)) => g,
+        other => panic!("a first request while its slot moves: {other:?}"),
+    };
+    // Granted where the slot goes: the lock is on the importing node.
+    let lock = redis_name("cl", k.id(), "lock");
+    assert_eq!(keys_in_slot(&cluster, 1, slot), vec![lock]);
+    assert!(g.release().await.unwrap());
+}
+
 /// A store on `cluster` that waits, after each grant, for one replica of
 /// the lock's primary within `wait`.
 fn waiting_store(cluster: &Cluster, wait: Duration, on: ReplicaShortfall) -> RedisStore {

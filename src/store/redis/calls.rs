@@ -59,33 +59,32 @@ impl RedisStore {
             }
         }
         let lock = [self.name(key, LOCK)];
-        // The lock alone declared; the other names follow the lease, with
-        // the fence's name and retention only with fencing, the record for
-        // a replay, and the holder's label with fencing (the lock's value
-        // carries the holder record: see acquire.lua).
+        // The lock alone declared; the fence's name and retention only
+        // with fencing; then the holder's label, the flags and the record
+        // for a replay, each sent only where it or one after it is needed
+        // (each argument costs Redis about 1,100 instructions: see
+        // acquire.lua).
         let mut args = [
             Argv::Str(owner.as_str()),
             Argv::Int(ms(lease)),
-            Argv::Name(self.name(key, WAITED)),
             Argv::Str(""),
             Argv::Str(""),
+            Argv::Str(label.map_or("", HolderLabel::as_str)),
             Argv::Str(if self.inner.source.is_cluster() {
-                "1"
+                "c"
             } else {
                 ""
             }),
             Argv::Str(""),
-            Argv::Str(""),
-            Argv::Str(label.map_or("", HolderLabel::as_str)),
         ];
         if replay {
             args[6] = Argv::Name(self.name(key, RECORD));
         }
         if fencing {
-            args[3] = Argv::Name(self.name(key, FENCE));
-            args[4] = Argv::Int(self.inner.fence_retention_ms);
+            args[2] = Argv::Name(self.name(key, FENCE));
+            args[3] = Argv::Int(self.inner.fence_retention_ms);
         }
-        let (kind, value) = self.grant(key, owner, &lock, &mut args, replay).await?;
+        let (kind, value) = self.grant(key, owner, &lock, &mut args).await?;
         let unexpected = || Error::Unavailable {
             op: Operation::Acquire,
             key: Some(key.clone()),
@@ -127,15 +126,15 @@ impl RedisStore {
         key: &LockKey,
         owner: &OwnerToken,
         lock: &[Name<'_>],
-        args: &mut [Argv<'_>; 9],
-        replay: bool,
+        args: &mut [Argv<'_>; 7],
     ) -> Result<(i64, redis::Value), Error> {
-        let len = match (self.inner.fencing, replay) {
-            (true, _) => 9,
-            (false, true) => 8,
-            (false, false) => 6,
-        };
         for _ in 0..3 {
+            // Trailing empty arguments left out (acquire.lua reads an
+            // absent one as empty).
+            let len = args
+                .iter()
+                .rposition(|a| !matches!(a, Argv::Str("")))
+                .map_or(0, |i| i + 1);
             let call = ScriptCall::new(&ACQUIRE, lock, &args[..len]);
             let grant = Grant {
                 kind: LeaseKind::Lock,
@@ -149,7 +148,9 @@ impl RedisStore {
             if let Some(rec) = Box::pin(crate::store::LockStore::read_record(self, key)).await? {
                 return Ok((2, redis::Value::BulkString(rec.to_vec())));
             }
-            args[7] = Argv::Str("1");
+            // "Found no record on the node the slot leaves": the flags
+            // with `m` (and `c`: a migrating slot is a Cluster's).
+            args[5] = Argv::Str("cm");
         }
         Err(Error::Unavailable {
             op: Operation::Acquire,

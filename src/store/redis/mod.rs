@@ -57,7 +57,7 @@ mod tls;
 #[cfg(feature = "sentinel")]
 pub use data_nodes::{DataNodes, NodeTls};
 pub use eviction::EvictionCheck;
-use keys::{HOLDER, LOCK, RECORD, WAITED};
+use keys::{HOLDER, LOCK, RECORD};
 use notifier::{Notifier, PubSubSource};
 pub use replicas::ReplicaShortfall;
 use replicas::WaitReplicas;
@@ -369,13 +369,19 @@ impl LockStore for RedisStore {
         // not wake it (it polls until the lease ends). Sent in one
         // `MULTI`, the mark's `DEL` would run even when the lock is not
         // ours. So neither command can release here.
-        let args = [
-            Argv::Str(owner.as_str()),
-            Argv::Str(self.publish_command()),
-            Argv::Name(self.name(key, WAITED)),
-            Argv::Name(self.name(key, HOLDER)),
-        ];
-        let args = self.with_holder_name(&args);
+        // The owner, and flags only where one applies (release.lua).
+        let flags = match (self.inner.source.is_cluster(), self.names_holder_record()) {
+            (false, false) => "",
+            (false, true) => "h",
+            (true, false) => "c",
+            (true, true) => "ch",
+        };
+        let args = [Argv::Str(owner.as_str()), Argv::Str(flags)];
+        let args = if flags.is_empty() {
+            &args[..1]
+        } else {
+            &args[..]
+        };
         let call = ScriptCall::new(&RELEASE, &[self.name(key, LOCK)], args);
         let n: i64 = self
             .with_conn(Operation::Release, Some(key), |mut c| async move {

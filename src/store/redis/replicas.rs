@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redis::RedisError;
 
-use super::scripts::ScriptCall;
+use super::scripts::{GrantAnswer, ScriptCall};
 use super::source::Conn;
 use super::{RedisStore, ms};
 use crate::error::ConfigError;
@@ -254,10 +254,12 @@ impl RedisStore {
     ) -> Result<(i64, redis::Value), Error> {
         match self.inner.wait_replicas {
             None => {
-                self.with_conn(Operation::Acquire, Some(grant.key), |mut c| async move {
-                    call.invoke(&mut c).await
-                })
-                .await
+                let GrantAnswer(kind, value) = self
+                    .with_conn(Operation::Acquire, Some(grant.key), |mut c| async move {
+                        call.invoke(&mut c).await
+                    })
+                    .await?;
+                Ok((kind, value))
             }
             // Boxed: its futures would otherwise grow every grant's.
             Some(w) => Box::pin(self.grant_on_replicas(call, grant, w)).await,
@@ -338,7 +340,7 @@ impl RedisStore {
                 None => Box::pin(self.open_wait_conn(op, key, bound)).await?,
             };
             let put = |conn| lock(&conns.idle).put(conn, generation);
-            let (kind, value): (i64, redis::Value) = call.invoke(&mut conn).await.map_err(|e| {
+            let GrantAnswer(kind, value) = call.invoke(&mut conn).await.map_err(|e| {
                 self.forget_connection_on(&e);
                 Error::from_redis(op, Some(key), e)
             })?;

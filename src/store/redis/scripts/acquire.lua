@@ -11,19 +11,27 @@
 --
 -- KEYS[1] lock: the one key declared, so that a Cluster routes the call by
 -- the lock alone (see "Slot migration" below)
--- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] waited-for mark, ARGV[4] bucket
--- fence counter ('' without fencing), ARGV[5] fence retention ms ('' without
--- fencing), ARGV[6] '1' on a Cluster, ARGV[7] (optional) the completed
--- record ('' for none), ARGV[8] '1' when the caller found no record on
--- the node a slot migrates from (after a {4} answer), ARGV[9] (optional,
--- with fencing) the holder's label
--- -> {1, token} granted, {3, token} re-entered by the same owner (the
+-- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] bucket fence counter ('' without
+-- fencing), ARGV[4] fence retention ms ('' without fencing), and, each
+-- optional (the caller leaves out trailing ones it does not need):
+-- ARGV[5] the holder's label (with fencing; '' or absent for none),
+-- ARGV[6] flags: 'c' on a Cluster, 'm' when the caller found no record
+-- on the node a slot migrates from (after a {4} answer), ARGV[7] the
+-- completed record's name
+-- The waited-for mark's name is the lock's with `waited` for `lock`
+-- (`…:<id>:lock` → `…:<id>:waited`), made only where it is set.
+-- -> token (a string) granted with fencing, {1, 0} granted without,
+--    {3, token} re-entered by the same owner (the
 --    counter as it stood, or the token of its grant where that is larger:
 --    see below), {0, pttl} held,
 --    {2, record} completed (only when the record is given), {4, ''} the
 --    record may be on the other node of a migrating slot: read it there
 --    (a plain GET, which the Cluster routes) and call again; without
 --    fencing the token is 0
+--
+-- Each argument costs Redis about 1,100 instructions and a reply that is
+-- a table about 4,800 more than a string (callgrind, BENCHMARKS.md): the
+-- usual grant sends four arguments and answers its token alone.
 --
 -- Written for Redis' cost model: every redis.call and every Lua string
 -- conversion is a large share of the script's time, so the fenced grant
@@ -63,7 +71,8 @@
 -- imports the lock's slot is asked only then. So on a Cluster the counter
 -- is read with a plain `GET` before the grant, and written after it, only
 -- where the grant happened (four calls).
-local cluster = ARGV[6] == '1'
+local flags = ARGV[6]
+local cluster = flags and string.find(flags, 'c', 1, true) ~= nil
 local importing
 local function is_importing()
   if importing == nil then
@@ -80,19 +89,21 @@ local function writable(got)
   if type(got) == 'table' then return false end
   return got or not (cluster and is_importing())
 end
-local fenced = ARGV[4] ~= ''
+local fenced = (ARGV[3] or '') ~= ''
 local record = ARGV[7]
-if record == '' then record = nil end
-if record then
+if record and record ~= '' then
   local rec = redis.pcall('GET', record)
   if type(rec) == 'table' then return {4, ''} end
   if rec then return {2, rec} end
-  if ARGV[8] ~= '1' and not writable(rec) then return {4, ''} end
+  if not string.find(flags, 'm', 1, true) and not writable(rec) then
+    return {4, ''}
+  end
 end
 -- Held by another owner: the lease it has left (from `PEXPIRETIME` and
 -- `now_ms`, the script's TIME, where given, else `PTTL`), and the
 -- waited-for mark set.
 local function held(now_ms)
+  local waited = string.sub(KEYS[1], 1, -5) .. 'waited'
   local at, pttl
   if now_ms then
     at = redis.call('PEXPIRETIME', KEYS[1])
@@ -103,7 +114,7 @@ local function held(now_ms)
   end
   local marked = not cluster
   if cluster then
-    local e = redis.pcall('EXISTS', ARGV[3])
+    local e = redis.pcall('EXISTS', waited)
     marked = writable(e ~= 0 and e)
   end
   if marked then
@@ -111,9 +122,9 @@ local function held(now_ms)
     -- from PTTL may land a millisecond past it).
     at = at or redis.call('PEXPIRETIME', KEYS[1])
     if at > 0 then
-      redis.call('SET', ARGV[3], '1', 'PXAT', at)
+      redis.call('SET', waited, '1', 'PXAT', at)
     else
-      redis.call('SET', ARGV[3], '1', 'PX', ARGV[2])
+      redis.call('SET', waited, '1', 'PX', ARGV[2])
     end
   end
   return {0, pttl}
@@ -130,20 +141,20 @@ end
 local s = now_us()
 local last
 if not cluster then
-  last = redis.call('SET', ARGV[4], s, 'PX', ARGV[5], 'GET')
+  last = redis.call('SET', ARGV[3], s, 'PX', ARGV[4], 'GET')
 else
   -- Read only: written once the grant is known (see "Slot migration").
-  last = redis.pcall('GET', ARGV[4])
+  last = redis.pcall('GET', ARGV[3])
 end
 local token = next_token(type(last) == 'string' and last, s)
-local value = ARGV[1] .. ' ' .. token .. ' ' .. s .. ' ' .. ARGV[9]
+local value = ARGV[1] .. ' ' .. token .. ' ' .. s .. ' ' .. (ARGV[5] or '')
 -- `pcall`: a lock name of another type (an error) must not leave the
 -- counter as written above (TIME, perhaps below it): Redis does not undo a
 -- script's writes when it fails.
 local cur = redis.pcall('SET', KEYS[1], value, 'NX', 'PX', ARGV[2], 'GET')
 if type(cur) == 'table' then
   if not cluster and type(last) == 'string' then
-    redis.call('SET', ARGV[4], last, 'PX', ARGV[5])
+    redis.call('SET', ARGV[3], last, 'PX', ARGV[4])
   end
   return cur
 end
@@ -166,23 +177,23 @@ end
 local ours = mine and type(last) == 'string'
 if not cluster then
   if ours or (cur and token ~= s) then
-    redis.call('SET', ARGV[4], last, 'PX', ARGV[5])
+    redis.call('SET', ARGV[3], last, 'PX', ARGV[4])
   elseif token ~= s then
-    redis.call('SET', ARGV[4], token, 'PX', ARGV[5])
+    redis.call('SET', ARGV[3], token, 'PX', ARGV[4])
   end
 elseif not cur or (mine and not ours) then
   if not writable(last) then
     -- The counter is on the other node, or may be: TIME alone.
     if mine then redis.call('SET', KEYS[1], value, 'PX', ARGV[2]) end
-    return {1, token}
+    return token
   end
-  redis.call('SET', ARGV[4], token, 'PX', ARGV[5])
+  redis.call('SET', ARGV[3], token, 'PX', ARGV[4])
 elseif ours and last ~= read and writable(read) then
   -- A re-entry above the counter (lapsed, or behind its value's token):
   -- the counter put back to it, as on one primary, where it is here.
-  redis.call('SET', ARGV[4], last, 'PX', ARGV[5])
+  redis.call('SET', ARGV[3], last, 'PX', ARGV[4])
 end
-if not cur then return {1, token} end
+if not cur then return token end
 if ours then
   -- Ours already (an attempt whose answer was lost): see above.
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -193,6 +204,6 @@ if mine then
   -- the counter lapsed: a fresh token, as a grant mints one, and the
   -- record in the value with it.
   redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
-  return {1, token}
+  return token
 end
 return held(tonumber(string.sub(s, 1, -4)))
