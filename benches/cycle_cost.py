@@ -25,7 +25,7 @@ import time
 # (e.g. a Valkey, whose binary keeps its symbols for `callgrind_annotate`).
 SERVER = os.environ.get("CYCLE_COST_SERVER", "redis-server")
 
-CASES = ["rslock", "ours", "ours-unfenced", "floor-fenced", "floor-unfenced", "raw"]
+CASES = ["rslock", "ours", "ours-unfenced", "store-unfenced", "floor-fenced", "floor-unfenced", "raw"]
 
 
 def bench_binary(root):
@@ -99,7 +99,8 @@ def main():
     cycles = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     binary = bench_binary(root)
-    cases = [c for c in CASES if not (scenario == "S4" and c in ("raw", "floor-unfenced"))]
+    cases = [c for c in CASES
+             if not (scenario == "S4" and c in ("raw", "floor-unfenced", "store-unfenced"))]
     print(f"{scenario}, {cycles} cycles per case (callgrind, Ir per cycle)")
     print("| case | client Ir/cycle | Redis Ir/cycle |")
     print("|---|---|---|")

@@ -24,6 +24,8 @@
 //! on the server, an owner-checked release) and `floor-unfenced` (`SET NX
 //! PX`, rslock's release), the least a safe cycle can cost; the table
 //! gives each of our cases' ratio to its floor too (S4: the fenced one).
+//! And `store-unfenced` (S1, S2): the unfenced `RedisStore`'s `acquire` and
+//! `release` called without a `Locker`, to show what the `Locker` adds.
 //! For each: cycles per second, the ratio to rslock, S1's p50/p99 latency
 //! of a cycle, Redis commands per cycle (`INFO commandstats`, every call
 //! including those scripts run, over all servers) and Redis CPU per cycle
@@ -46,7 +48,9 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use support::RedisServer;
 use tokio::task::JoinSet;
-use tower_redis_lock::{LockKey, Locker, RedisStore, RedlockStore};
+use tower_redis_lock::{
+    AcquireOutcome, LockKey, LockStore, Locker, OwnerToken, RedisStore, RedlockStore,
+};
 
 const PASSES: usize = 3;
 const TTL: Duration = Duration::from_secs(30);
@@ -59,6 +63,7 @@ enum Case {
     Unfenced,
     FloorFenced,
     FloorUnfenced,
+    StoreUnfenced,
 }
 
 impl Case {
@@ -70,6 +75,7 @@ impl Case {
             Case::Unfenced => "ours-unfenced",
             Case::FloorFenced => "floor-fenced",
             Case::FloorUnfenced => "floor-unfenced",
+            Case::StoreUnfenced => "store-unfenced",
         }
     }
 
@@ -90,6 +96,8 @@ struct Client {
     ours: Ours,
     unfenced: Ours,
     floor: floor::Floor,
+    /// The unfenced store called without a `Locker` (one server only).
+    store: Option<RedisStore>,
 }
 
 /// Our locker as a user writes it: over the store itself (no `BoxStore`).
@@ -137,6 +145,12 @@ impl Client {
             ours: store(true),
             unfenced: store(false),
             floor: floor::Floor::new(urls).await,
+            store: (urls.len() == 1).then(|| {
+                RedisStore::builder(&urls[0])
+                    .fencing(false)
+                    .build()
+                    .unwrap()
+            }),
         }
     }
 
@@ -173,6 +187,20 @@ impl Client {
             }
             Case::FloorFenced => self.floor.cycle(true, task).await,
             Case::FloorUnfenced => self.floor.cycle(false, task).await,
+            Case::StoreUnfenced => {
+                // What the Locker adds (its guard, the watchdog, the local
+                // queue, spans and metrics) is the difference from
+                // `ours-unfenced`.
+                let store = self
+                    .store
+                    .as_ref()
+                    .expect("the store alone is for one server");
+                let k = LockKey::new("cmp", task.to_string()).unwrap();
+                let owner = OwnerToken::generate();
+                let granted = store.acquire(&k, &owner, TTL).await.unwrap();
+                assert!(matches!(granted, AcquireOutcome::GrantedUnfenced));
+                assert!(store.release(&k, &owner).await.unwrap());
+            }
         }
     }
 }
@@ -324,6 +352,7 @@ fn main() {
         Case::Unfenced,
         Case::FloorFenced,
         Case::FloorUnfenced,
+        Case::StoreUnfenced,
     ];
     if let Ok(only) = std::env::var("COMPARE_PROFILE") {
         // For a profiler (`perf record`): one scenario's one case, 10 times
@@ -334,7 +363,7 @@ fn main() {
         let case = *all
             .iter()
             .find(|c| c.name() == case)
-            .expect("case: raw, rslock, ours, ours-unfenced, floor-fenced or floor-unfenced");
+            .expect("case: raw, rslock, ours, ours-unfenced, floor-fenced, floor-unfenced or store-unfenced");
         let (nodes, tasks, n) = match name {
             "S1" => (1, 1, 30_000),
             "S2" => (1, 64, 300_000),
