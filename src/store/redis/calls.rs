@@ -69,7 +69,11 @@ impl RedisStore {
             Argv::Int(ms(lease)),
             Argv::Str(""),
             Argv::Str(""),
-            Argv::Str(label.map_or("", HolderLabel::as_str)),
+            // (The label is written into a fenced lock's value only.)
+            Argv::Str(match label {
+                Some(l) if fencing => l.as_str(),
+                _ => "",
+            }),
             Argv::Str(if self.inner.source.is_cluster() {
                 "c"
             } else {
