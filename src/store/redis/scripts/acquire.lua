@@ -73,21 +73,27 @@
 -- where the grant happened (four calls).
 local flags = ARGV[6]
 local cluster = flags and string.find(flags, 'c', 1, true) ~= nil
-local importing
-local function is_importing()
-  if importing == nil then
-    local slot = redis.call('CLUSTER', 'KEYSLOT', KEYS[1])
-    local nodes = redis.call('CLUSTER', 'NODES')
-    importing = string.find(nodes, '[' .. slot .. '-<-', 1, true) ~= nil
+-- The Cluster's helpers, made only there (each function a script
+-- defines costs Redis a closure on every call: see BENCHMARKS.md).
+local is_importing, writable
+if cluster then
+  local importing
+  is_importing = function()
+    if importing == nil then
+      local slot = redis.call('CLUSTER', 'KEYSLOT', KEYS[1])
+      local nodes = redis.call('CLUSTER', 'NODES')
+      importing = string.find(nodes, '[' .. slot .. '-<-', 1, true) ~= nil
+    end
+    return importing
   end
-  return importing
-end
--- Whether a name may be written here, given what reading it answered
--- (`pcall`: an error table where it moved away, false or nil where absent):
--- it is here, or cannot be on another node.
-local function writable(got)
-  if type(got) == 'table' then return false end
-  return got or not (cluster and is_importing())
+  -- Whether a name may be written here, given what reading it answered
+  -- (`pcall`: an error table where it moved away, false or nil where
+  -- absent): it is here, or cannot be on another node. (Off a Cluster
+  -- every name may be.)
+  writable = function(got)
+    if type(got) == 'table' then return false end
+    return got or not is_importing()
+  end
 end
 local fenced = (ARGV[3] or '') ~= ''
 local record = ARGV[7]
@@ -95,115 +101,119 @@ if record and record ~= '' then
   local rec = redis.pcall('GET', record)
   if type(rec) == 'table' then return {4, ''} end
   if rec then return {2, rec} end
-  if not string.find(flags, 'm', 1, true) and not writable(rec) then
+  if cluster and not string.find(flags, 'm', 1, true) and not writable(rec) then
     return {4, ''}
   end
 end
--- Held by another owner: the lease it has left (from `PEXPIRETIME` and
--- `now_ms`, the script's TIME, where given, else `PTTL`), and the
--- waited-for mark set.
-local function held(now_ms)
-  local waited = string.sub(KEYS[1], 1, -5) .. 'waited'
-  local at, pttl
-  if now_ms then
-    at = redis.call('PEXPIRETIME', KEYS[1])
-    pttl = -1
-    if at >= 0 then pttl = math.max(at - now_ms, 0) end
-  else
-    pttl = redis.call('PTTL', KEYS[1])
-  end
-  local marked = not cluster
-  if cluster then
-    local e = redis.pcall('EXISTS', waited)
-    marked = writable(e ~= 0 and e)
-  end
-  if marked then
-    -- At the lock's own expiry (an absolute time: a relative one taken
-    -- from PTTL may land a millisecond past it).
-    at = at or redis.call('PEXPIRETIME', KEYS[1])
-    if at > 0 then
-      redis.call('SET', waited, '1', 'PXAT', at)
-    else
-      redis.call('SET', waited, '1', 'PX', ARGV[2])
-    end
-  end
-  return {0, pttl}
-end
+-- now_ms: the script's TIME in ms (fenced: it was read for the token),
+-- for the lease left where the lock is found held (at the end).
+local now_ms
 if not fenced then
   local cur = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
   if not cur then return {1, 0} end
-  if not owned_by(cur, ARGV[1]) then return held(nil) end
-  -- Ours already (an attempt whose answer was lost).
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {3, 0}
-end
--- token = max(last + 1, TIME in us) (token.lua)
-local s = now_us()
-local last
-if not cluster then
-  last = redis.call('SET', ARGV[3], s, 'PX', ARGV[4], 'GET')
+  if owned_by(cur, ARGV[1]) then
+    -- Ours already (an attempt whose answer was lost).
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {3, 0}
+  end
 else
-  -- Read only: written once the grant is known (see "Slot migration").
-  last = redis.pcall('GET', ARGV[3])
-end
-local token = next_token(type(last) == 'string' and last, s)
-local value = ARGV[1] .. ' ' .. token .. ' ' .. s .. ' ' .. (ARGV[5] or '')
--- `pcall`: a lock name of another type (an error) must not leave the
--- counter as written above (TIME, perhaps below it): Redis does not undo a
--- script's writes when it fails.
-local cur = redis.pcall('SET', KEYS[1], value, 'NX', 'PX', ARGV[2], 'GET')
-if type(cur) == 'table' then
-  if not cluster and type(last) == 'string' then
-    redis.call('SET', ARGV[3], last, 'PX', ARGV[4])
+  -- token = max(last + 1, TIME in us) (token.lua)
+  local s = now_us()
+  local last
+  if not cluster then
+    last = redis.call('SET', ARGV[3], s, 'PX', ARGV[4], 'GET')
+  else
+    -- Read only: written once the grant is known (see "Slot migration").
+    last = redis.pcall('GET', ARGV[3])
   end
-  return cur
-end
--- The counter as it must be left: `token` on a grant; as it was where
--- this was a re-entry, or where TIME is not above it (it must not fall).
-local mine = cur and owned_by(cur, ARGV[1])
-local read = last
-if mine then
-  -- A re-entry answers at least the token of the grant it enters, which
-  -- its value carries: the counter may have lapsed meanwhile (its
-  -- retention shorter than the hold, an eviction) or been left behind
-  -- that token (minted from a counter ahead of the clock, on Redlock).
-  -- (A token as the store writes them: no leading zero, at most 19
-  -- digits; anything else in the value is not taken for one.)
-  local t = string.match(cur, '^%S+ ([1-9]%d*) ')
-  if t and #t <= 19 and above(t, type(last) == 'string' and last) then
-    last = t
+  local token = next_token(type(last) == 'string' and last, s)
+  local value = ARGV[1] .. ' ' .. token .. ' ' .. s .. ' ' .. (ARGV[5] or '')
+  -- `pcall`: a lock name of another type (an error) must not leave the
+  -- counter as written above (TIME, perhaps below it): Redis does not undo a
+  -- script's writes when it fails.
+  local cur = redis.pcall('SET', KEYS[1], value, 'NX', 'PX', ARGV[2], 'GET')
+  if type(cur) == 'table' then
+    if not cluster and type(last) == 'string' then
+      redis.call('SET', ARGV[3], last, 'PX', ARGV[4])
+    end
+    return cur
   end
-end
-local ours = mine and type(last) == 'string'
-if not cluster then
-  if ours or (cur and token ~= s) then
-    redis.call('SET', ARGV[3], last, 'PX', ARGV[4])
-  elseif token ~= s then
+  -- The counter as it must be left: `token` on a grant; as it was where
+  -- this was a re-entry, or where TIME is not above it (it must not fall).
+  local mine = cur and owned_by(cur, ARGV[1])
+  local read = last
+  if mine then
+    -- A re-entry answers at least the token of the grant it enters, which
+    -- its value carries: the counter may have lapsed meanwhile (its
+    -- retention shorter than the hold, an eviction) or been left behind
+    -- that token (minted from a counter ahead of the clock, on Redlock).
+    -- (A token as the store writes them: no leading zero, at most 19
+    -- digits; anything else in the value is not taken for one.)
+    local t = string.match(cur, '^%S+ ([1-9]%d*) ')
+    if t and #t <= 19 and above(t, type(last) == 'string' and last) then
+      last = t
+    end
+  end
+  local ours = mine and type(last) == 'string'
+  if not cluster then
+    if ours or (cur and token ~= s) then
+      redis.call('SET', ARGV[3], last, 'PX', ARGV[4])
+    elseif token ~= s then
+      redis.call('SET', ARGV[3], token, 'PX', ARGV[4])
+    end
+  elseif not cur or (mine and not ours) then
+    if not writable(last) then
+      -- The counter is on the other node, or may be: TIME alone.
+      if mine then redis.call('SET', KEYS[1], value, 'PX', ARGV[2]) end
+      return token
+    end
     redis.call('SET', ARGV[3], token, 'PX', ARGV[4])
+  elseif ours and last ~= read and writable(read) then
+    -- A re-entry above the counter (lapsed, or behind its value's token):
+    -- the counter put back to it, as on one primary, where it is here.
+    redis.call('SET', ARGV[3], last, 'PX', ARGV[4])
   end
-elseif not cur or (mine and not ours) then
-  if not writable(last) then
-    -- The counter is on the other node, or may be: TIME alone.
-    if mine then redis.call('SET', KEYS[1], value, 'PX', ARGV[2]) end
+  if not cur then return token end
+  if ours then
+    -- Ours already (an attempt whose answer was lost): see above.
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {3, last}
+  end
+  if mine then
+    -- Ours already, a value without its token (an older version's), and
+    -- the counter lapsed: a fresh token, as a grant mints one, and the
+    -- record in the value with it.
+    redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
     return token
   end
-  redis.call('SET', ARGV[3], token, 'PX', ARGV[4])
-elseif ours and last ~= read and writable(read) then
-  -- A re-entry above the counter (lapsed, or behind its value's token):
-  -- the counter put back to it, as on one primary, where it is here.
-  redis.call('SET', ARGV[3], last, 'PX', ARGV[4])
+  now_ms = tonumber(string.sub(s, 1, -4))
 end
-if not cur then return token end
-if ours then
-  -- Ours already (an attempt whose answer was lost): see above.
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {3, last}
+-- Held by another owner: the lease it has left (from `PEXPIRETIME` and
+-- `now_ms`, the script's TIME, where read, else `PTTL`), and the
+-- waited-for mark set. (Inline, not a function: see the Cluster's
+-- helpers above.)
+local waited = string.sub(KEYS[1], 1, -5) .. 'waited'
+local at, pttl
+if now_ms then
+  at = redis.call('PEXPIRETIME', KEYS[1])
+  pttl = -1
+  if at >= 0 then pttl = math.max(at - now_ms, 0) end
+else
+  pttl = redis.call('PTTL', KEYS[1])
 end
-if mine then
-  -- Ours already, a value without its token (an older version's), and
-  -- the counter lapsed: a fresh token, as a grant mints one, and the
-  -- record in the value with it.
-  redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
-  return token
+local marked = not cluster
+if cluster then
+  local e = redis.pcall('EXISTS', waited)
+  marked = writable(e ~= 0 and e)
 end
-return held(tonumber(string.sub(s, 1, -4)))
+if marked then
+  -- At the lock's own expiry (an absolute time: a relative one taken
+  -- from PTTL may land a millisecond past it).
+  at = at or redis.call('PEXPIRETIME', KEYS[1])
+  if at > 0 then
+    redis.call('SET', waited, '1', 'PXAT', at)
+  else
+    redis.call('SET', waited, '1', 'PX', ARGV[2])
+  end
+end
+return {0, pttl}
