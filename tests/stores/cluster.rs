@@ -1289,6 +1289,40 @@ async fn a_first_request_whose_slot_is_moving_is_granted() {
     assert!(g.release().await.unwrap());
 }
 
+/// A duplicate of a request completed before its slot began to move gets
+/// the record, not a second run: its lock is nowhere, so its grant runs
+/// where the slot goes, which has no record yet; the grant answers that
+/// the record may be on the node the slot leaves, and the store reads it
+/// there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_whose_record_has_not_moved_yet_gets_it() {
+    let cluster = Cluster::start(3);
+    let l = timed_locker(
+        &cluster,
+        Duration::from_millis(500),
+        Duration::from_secs(30),
+    );
+    let k = key_on(&cluster, 0, None, "mig-dup-");
+    let slot = cluster.slot_of(&redis_name("cl", k.id(), "lock"));
+    let ids = cluster.node_ids();
+    let g = match l.acquire_or_replay(&k).await.unwrap() {
+        Acquired::Locked(g) => g,
+        other => panic!("{other:?}"),
+    };
+    let record = Record::new(http::StatusCode::CREATED).encode();
+    assert!(matches!(g.finish(record, LIMIT * 6).await, Ok(true)));
+    let record_name = redis_name("cl", k.id(), "record");
+    assert!(keys_in_slot(&cluster, 0, slot).contains(&record_name));
+    setslot(&cluster, 1, slot, &["IMPORTING", &ids[0]]);
+    setslot(&cluster, 0, slot, &["MIGRATING", &ids[1]]);
+    match l.acquire_or_replay(&k).await {
+        Ok(Acquired::Completed(_)) => {}
+        other => panic!("a duplicate ran again while its record had not moved: {other:?}"),
+    }
+    // Nothing was granted where the slot goes.
+    assert!(keys_in_slot(&cluster, 1, slot).is_empty());
+}
+
 /// A store on `cluster` that waits, after each grant, for one replica of
 /// the lock's primary within `wait`.
 fn waiting_store(cluster: &Cluster, wait: Duration, on: ReplicaShortfall) -> RedisStore {
