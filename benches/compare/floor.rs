@@ -49,6 +49,16 @@ const RETENTION_MS: u64 = 86_400_000;
 
 static OWNERS: AtomicU64 = AtomicU64::new(1);
 
+/// `SCRIPT LOAD`s `script` on `c`: its SHA1.
+async fn load(c: &mut MultiplexedConnection, script: &str) -> String {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(script)
+        .query_async(c)
+        .await
+        .unwrap()
+}
+
 /// Connections to each server, with both scripts loaded.
 pub struct Floor {
     conns: Vec<MultiplexedConnection>,
@@ -63,18 +73,8 @@ impl Floor {
         for u in urls {
             let client = redis::Client::open(u.as_str()).unwrap();
             let mut c = client.get_multiplexed_async_connection().await.unwrap();
-            grant = redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(GRANT)
-                .query_async(&mut c)
-                .await
-                .unwrap();
-            release = redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(RELEASE)
-                .query_async(&mut c)
-                .await
-                .unwrap();
+            grant = load(&mut c, GRANT).await;
+            release = load(&mut c, RELEASE).await;
             conns.push(c);
         }
         Floor {

@@ -731,6 +731,15 @@ fn setslot(cluster: &Cluster, node: usize, slot: u16, args: &[&str]) {
     );
 }
 
+/// Starts moving `slot` from node 0 to node 1 (`SETSLOT … IMPORTING` on
+/// the node it goes to, then `MIGRATING` on the node it leaves), as
+/// `redis-cli --cluster reshard` does; no key is moved yet.
+fn begin_move(cluster: &Cluster, slot: u16) {
+    let ids = cluster.node_ids();
+    setslot(cluster, 1, slot, &["IMPORTING", &ids[0]]);
+    setslot(cluster, 0, slot, &["MIGRATING", &ids[1]]);
+}
+
 fn token(g: &tower_redis_lock::LockGuard) -> u64 {
     g.fencing_token().unwrap().get()
 }
@@ -804,8 +813,7 @@ async fn locks_are_granted_and_stay_exclusive_while_their_slot_migrates() {
         assert!(got.unwrap_err().is_contended(), "{k} granted twice");
     };
 
-    setslot(&cluster, 1, slot, &["IMPORTING", &ids[0]]);
-    setslot(&cluster, 0, slot, &["MIGRATING", &ids[1]]);
+    begin_move(&cluster, slot);
     // A free lock is granted during the move, where the slot goes.
     let t = std::time::Instant::now();
     let g = others
@@ -1236,8 +1244,7 @@ async fn a_request_completed_while_its_slot_migrates_keeps_its_record() {
         Acquired::Locked(g) => g,
         other => panic!("{other:?}"),
     };
-    setslot(&cluster, 1, slot, &["IMPORTING", &ids[0]]);
-    setslot(&cluster, 0, slot, &["MIGRATING", &ids[1]]);
+    begin_move(&cluster, slot);
     let record = Record::new(http::StatusCode::CREATED).encode();
     let finished = g.finish(record, LIMIT * 6).await;
     assert!(matches!(finished, Ok(true)), "{finished:?}");
@@ -1276,9 +1283,7 @@ async fn a_first_request_whose_slot_is_moving_is_granted() {
     );
     let k = key_on(&cluster, 0, None, "mig-first-");
     let slot = cluster.slot_of(&redis_name("cl", k.id(), "lock"));
-    let ids = cluster.node_ids();
-    setslot(&cluster, 1, slot, &["IMPORTING", &ids[0]]);
-    setslot(&cluster, 0, slot, &["MIGRATING", &ids[1]]);
+    begin_move(&cluster, slot);
     let g = match l.acquire_or_replay(&k).await {
         Ok(Acquired::Locked(g)) => g,
         other => panic!("a first request while its slot moves: {other:?}"),
@@ -1304,7 +1309,6 @@ async fn a_duplicate_whose_record_has_not_moved_yet_gets_it() {
     );
     let k = key_on(&cluster, 0, None, "mig-dup-");
     let slot = cluster.slot_of(&redis_name("cl", k.id(), "lock"));
-    let ids = cluster.node_ids();
     let g = match l.acquire_or_replay(&k).await.unwrap() {
         Acquired::Locked(g) => g,
         other => panic!("{other:?}"),
@@ -1313,8 +1317,7 @@ async fn a_duplicate_whose_record_has_not_moved_yet_gets_it() {
     assert!(matches!(g.finish(record, LIMIT * 6).await, Ok(true)));
     let record_name = redis_name("cl", k.id(), "record");
     assert!(keys_in_slot(&cluster, 0, slot).contains(&record_name));
-    setslot(&cluster, 1, slot, &["IMPORTING", &ids[0]]);
-    setslot(&cluster, 0, slot, &["MIGRATING", &ids[1]]);
+    begin_move(&cluster, slot);
     match l.acquire_or_replay(&k).await {
         Ok(Acquired::Completed(_)) => {}
         other => panic!("a duplicate ran again while its record had not moved: {other:?}"),
