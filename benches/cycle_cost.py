@@ -3,7 +3,7 @@
 the `compare` bench: a figure that does not depend on the machine's load.
 
     cargo bench -p tower-redis-lock-compare --bench compare --no-run
-    python3 benches/cycle_cost.py [S1|S2|S4] [cycles]
+    python3 benches/cycle_cost.py [S1|S2|S4] [cycles] [case,case,...]
 
 Runs `COMPARE_PROFILE=<scenario>:<case>` of the compare bench under
 `valgrind --tool=callgrind`, its `redis-server`s too (through
@@ -12,10 +12,13 @@ every count just before the measured cycles (`callgrind_control -z`) and
 dump it just after (`-d`): warm-up, connection and script loads are left
 out. Prints, per case, the client's and Redis' (summed over the servers)
 instructions per cycle (`Ir`, user space: system calls are not counted).
+With `CYCLE_COST_KEEP=<dir>`, each case's dumps are kept in `<dir>/<case>/`
+for `callgrind_annotate`.
 """
 
 import glob
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,7 +28,8 @@ import time
 # (e.g. a Valkey, whose binary keeps its symbols for `callgrind_annotate`).
 SERVER = os.environ.get("CYCLE_COST_SERVER", "redis-server")
 
-CASES = ["rslock", "ours", "ours-unfenced", "store-unfenced", "floor-fenced", "floor-unfenced", "raw"]
+CASES = ["rslock", "ours", "ours-unfenced", "store-unfenced", "floor-fenced", "floor-unfenced",
+         "floor-unfenced-os", "raw"]
 
 
 def bench_binary(root):
@@ -91,6 +95,13 @@ def measure(binary, scenario, case, cycles, out):
             server += ir
         else:
             client += ir
+    keep = os.environ.get("CYCLE_COST_KEEP")
+    if keep:
+        dest = os.path.join(keep, case)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.makedirs(dest)
+        for path in glob.glob(os.path.join(out, "*.*.1")):
+            shutil.copy(path, dest)
     return client / cycles, server / cycles
 
 
@@ -99,8 +110,9 @@ def main():
     cycles = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     binary = bench_binary(root)
+    only = sys.argv[3].split(",") if len(sys.argv) > 3 else None
     cases = [c for c in CASES
-             if not (scenario == "S4" and c in ("raw", "floor-unfenced", "store-unfenced"))]
+             if (only is None or c in only) and not (scenario == "S4" and c in ("raw", "floor-unfenced", "floor-unfenced-os", "store-unfenced"))]
     print(f"{scenario}, {cycles} cycles per case (callgrind, Ir per cycle)")
     print("| case | client Ir/cycle | Redis Ir/cycle |")
     print("|---|---|---|")

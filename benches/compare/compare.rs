@@ -23,7 +23,10 @@
 //! `floor.rs`): `floor-fenced` (one script minting a clock-floored token
 //! on the server, an owner-checked release) and `floor-unfenced` (`SET NX
 //! PX`, rslock's release), the least a safe cycle can cost; the table
-//! gives each of our cases' ratio to its floor too (S4: the fenced one).
+//! gives each of our cases' ratio to its floor too (S4: the fenced one),
+//! and in S1 the ratio of p99 latencies. `floor-unfenced-os` is
+//! `floor-unfenced` with each owner drawn from the OS random source, as
+//! DESIGN.md asks of ours (S1, S2).
 //! And `store-unfenced` (S1, S2): the unfenced `RedisStore`'s `acquire` and
 //! `release` called without a `Locker`, to show what the `Locker` adds.
 //! For each: cycles per second, the ratio to rslock, S1's p50/p99 latency
@@ -63,6 +66,7 @@ enum Case {
     Unfenced,
     FloorFenced,
     FloorUnfenced,
+    FloorUnfencedOs,
     StoreUnfenced,
 }
 
@@ -75,6 +79,7 @@ impl Case {
             Case::Unfenced => "ours-unfenced",
             Case::FloorFenced => "floor-fenced",
             Case::FloorUnfenced => "floor-unfenced",
+            Case::FloorUnfencedOs => "floor-unfenced-os",
             Case::StoreUnfenced => "store-unfenced",
         }
     }
@@ -185,8 +190,9 @@ impl Client {
                 let k = LockKey::new("cmp", task.to_string()).unwrap();
                 locker.cycle(&k).await;
             }
-            Case::FloorFenced => self.floor.cycle(true, task).await,
-            Case::FloorUnfenced => self.floor.cycle(false, task).await,
+            Case::FloorFenced => self.floor.cycle((true, false), task).await,
+            Case::FloorUnfenced => self.floor.cycle((false, false), task).await,
+            Case::FloorUnfencedOs => self.floor.cycle((false, true), task).await,
             Case::StoreUnfenced => {
                 // What the Locker adds (its guard, the watchdog, the local
                 // queue, spans and metrics) is the difference from
@@ -307,26 +313,33 @@ fn scenario(
         "\n{name}: {nodes} server(s), {tasks} task(s), {n} cycles x {PASSES} passes (median [min-max])"
     );
     println!(
-        "| case | cycles/s | ÷ rslock | ÷ its floor | p50 µs | p99 µs | p99 ÷ rslock | Redis cmds/cycle | Redis CPU µs/cycle | client CPU µs/cycle |"
+        "| case | cycles/s | ÷ rslock | ÷ its floor | p50 µs | p99 µs | p99 ÷ rslock | p99 ÷ its floor's | Redis cmds/cycle | Redis CPU µs/cycle | client CPU µs/cycle |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (i, case) in cases.iter().enumerate() {
         let col = |f: fn(&Run) -> f64| common::median(runs[i].iter().map(f).collect());
         let (rate, lo, hi) = col(|r| r.per_s);
         let (p50, p99) = (col(|r| r.p50_us).0, col(|r| r.p99_us).0);
         // Each pass's ratio to the floor measured in the same pass.
-        let to_floor = case
+        let floor = case
             .floor()
-            .and_then(|f| cases.iter().position(|&c| c == f))
-            .map_or("–".to_owned(), |f| {
-                let ratios = runs[i].iter().zip(&runs[f]).map(|(a, b)| a.per_s / b.per_s);
+            .and_then(|f| cases.iter().position(|&c| c == f));
+        let to_floor = |f: fn(&Run) -> f64| {
+            floor.map_or("–".to_owned(), |fl| {
+                let ratios = runs[i].iter().zip(&runs[fl]).map(|(a, b)| f(a) / f(b));
                 format!("{:.2}", common::median(ratios.collect()).0)
-            });
-        let lat = if tasks == 1 {
-            format!("{p50:.0} | {p99:.0} | {:.2}", p99 / rs_p99)
-        } else {
-            "– | – | –".to_owned()
+            })
         };
+        let lat = if tasks == 1 {
+            format!(
+                "{p50:.0} | {p99:.0} | {:.2} | {}",
+                p99 / rs_p99,
+                to_floor(|r| r.p99_us)
+            )
+        } else {
+            "– | – | – | –".to_owned()
+        };
+        let to_floor = to_floor(|r| r.per_s);
         println!(
             "| {} | {rate:.0} [{lo:.0}–{hi:.0}] | {:.2} | {to_floor} | {lat} | {:.1} | {:.1} | {:.1} |",
             case.name(),
@@ -352,6 +365,7 @@ fn main() {
         Case::Unfenced,
         Case::FloorFenced,
         Case::FloorUnfenced,
+        Case::FloorUnfencedOs,
         Case::StoreUnfenced,
     ];
     if let Ok(only) = std::env::var("COMPARE_PROFILE") {
@@ -360,10 +374,10 @@ fn main() {
         let (name, case) = only
             .split_once(':')
             .expect("COMPARE_PROFILE=<S1|S2|S4>:<case>");
-        let case = *all
-            .iter()
-            .find(|c| c.name() == case)
-            .expect("case: raw, rslock, ours, ours-unfenced, floor-fenced, floor-unfenced or store-unfenced");
+        let case = *all.iter().find(|c| c.name() == case).expect(
+            "case: raw, rslock, ours, ours-unfenced, floor-fenced, floor-unfenced, \
+                 floor-unfenced-os or store-unfenced",
+        );
         let (nodes, tasks, n) = match name {
             "S1" => (1, 1, 30_000),
             "S2" => (1, 64, 300_000),

@@ -7,6 +7,9 @@
 //! * `floor-unfenced`: `SET lock owner NX PX ttl`, then an owner-checked
 //!   release: one script of a `GET` and a `DEL` (rslock's release). The
 //!   owner is unique per acquire (a counter: no random source).
+//! * `floor-unfenced-os`: the same, with each owner drawn from the OS
+//!   random source (`OwnerToken::generate`, one `getrandom` system call),
+//!   as DESIGN.md asks of ours: the floor for our owner-token rule.
 //! * `floor-fenced`: a grant that mints a fencing token on the server,
 //!   floored by its clock as ours is (a counter that lapses or is lost
 //!   must not make tokens fall): one script of `TIME`, the counter's
@@ -84,10 +87,15 @@ impl Floor {
         }
     }
 
-    /// One acquire + release of `task`'s lock, fenced or not.
-    pub async fn cycle(&self, fenced: bool, task: usize) {
+    /// One acquire + release of `task`'s lock, fenced or not, its owner
+    /// from a counter or (`os_owner`) from the OS random source.
+    pub async fn cycle(&self, (fenced, os_owner): (bool, bool), task: usize) {
         let lock = format!("floor:{task}");
-        let owner = format!("{:032x}", OWNERS.fetch_add(1, Ordering::Relaxed));
+        let owner = if os_owner {
+            tower_redis_lock::OwnerToken::generate().as_str().to_owned()
+        } else {
+            format!("{:032x}", OWNERS.fetch_add(1, Ordering::Relaxed))
+        };
         let ttl = super::TTL.as_millis() as u64;
         let grants = self.conns.iter().map(|c| {
             let mut c = c.clone();

@@ -15,18 +15,20 @@
 local v = redis.call('GET', KEYS[1])
 if owned_by(v, ARGV[1]) then
   local base = string.sub(KEYS[1], 1, -5)
-  local flags = ARGV[2] or ''
+  -- (No flags without fencing on one primary: no string.find then, which
+  -- costs Redis about 1,000 instructions even on an empty string.)
+  local flags = ARGV[2]
   local n = redis.pcall('DEL', KEYS[1], base .. 'waited')
   if type(n) == 'table' then
     redis.call('DEL', KEYS[1])
     n = 2
   end
-  if v == ARGV[1] and string.find(flags, 'h', 1, true) then
+  if flags and v == ARGV[1] and string.find(flags, 'h', 1, true) then
     redis.pcall('DEL', base .. 'holder')
   end
   if n > 1 then
     local publish = 'PUBLISH'
-    if string.find(flags, 'c', 1, true) then publish = 'SPUBLISH' end
+    if flags and string.find(flags, 'c', 1, true) then publish = 'SPUBLISH' end
     redis.pcall(publish, base .. 'released', '')
   end
   return 1
