@@ -3,7 +3,7 @@
 chooses between: an argument, a table reply, a closure, and the grant
 script as shipped against the least grant that mints the same token.
 
-    python3 benches/script_cost.py [calls]
+    python3 benches/script_cost.py [calls] [release]
 
 Starts `redis-server` (the PATH's) under `valgrind --tool=callgrind` on a
 free port, loads each variant, and for each: runs `redis-benchmark -c 1
@@ -11,6 +11,14 @@ free port, loads each variant, and for each: runs `redis-benchmark -c 1
 zeroing the counts before (`callgrind_control -z`) and dumping them after
 (`-d`). Prints `Ir` per call, the request's parsing and reply included.
 Counts do not depend on the machine's load.
+
+With `release`, the release's variants instead: each script first sets
+the lock (`SET … PX`, the same in all), then releases it, so that the
+owner check passes; the differences between rows are what the release's
+parts cost.
+
+Run it alone: `benches/cycle_cost.py` zeroes and dumps every callgrind'ed
+process (`callgrind_control` without a pid), this one's server too.
 """
 
 import glob
@@ -55,6 +63,27 @@ VARIANTS = [
 ]
 
 
+# The release's parts: each row sets the lock, then releases it.
+SET_FIRST = "redis.call('SET', KEYS[1], ARGV[1], 'PX', 30000)\n"
+OWNED = SET_FIRST + "if redis.call('GET', KEYS[1]) == ARGV[1] then\n"
+DEL_LOCK = "\nreturn redis.call('DEL', KEYS[1]) end return 0"
+RELEASE_VARIANTS = [
+    ("SET alone (subtract from the rows below)", SET_FIRST + "return 1", ["1", LOCK, OWNER]),
+    ("the least release (GET, compare, DEL)", OWNED + DEL_LOCK, ["1", LOCK, OWNER]),
+    ("... and the mark's name made (string.sub, ..)",
+     OWNED + "local w = string.sub(KEYS[1], 1, -5) .. 'waited'" + DEL_LOCK, ["1", LOCK, OWNER]),
+    ("... and a string.find on an absent flags argument ('' )",
+     OWNED + "local h = string.find(ARGV[2] or '', 'h', 1, true)" + DEL_LOCK, ["1", LOCK, OWNER]),
+    ("... and the flags read only where sent",
+     OWNED + "local f = ARGV[2] local h = f and string.find(f, 'h', 1, true)" + DEL_LOCK,
+     ["1", LOCK, OWNER]),
+    ("... and the mark deleted with the lock (DEL of 2 keys)",
+     OWNED + "return redis.call('DEL', KEYS[1], 'trl:{cmp:1}:w') end return 0", ["1", LOCK, OWNER]),
+    ("release.lua as shipped (owner.lua's function, the mark, the flags)",
+     SET_FIRST + src("owner.lua", "release.lua"), ["1", LOCK, OWNER]),
+]
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -63,6 +92,7 @@ def free_port():
 
 def main():
     calls = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
+    variants = RELEASE_VARIANTS if sys.argv[2:3] == ["release"] else VARIANTS
     port = str(free_port())
     out = tempfile.mkdtemp()
     server = subprocess.Popen(
@@ -82,7 +112,7 @@ def main():
         print(f"Redis Ir per call (callgrind, {calls} calls each)")
         print("| call | Ir |")
         print("|---|---|")
-        for name, body, args in VARIANTS:
+        for name, body, args in variants:
             sha = cli("SCRIPT", "LOAD", body if body is not None else floor_grant())
             bench = ["redis-benchmark", "-p", port, "-c", "1", "-r", "100000000",
                      "EVALSHA", sha, *args]
@@ -91,16 +121,26 @@ def main():
                            timeout=600)
             cli("FLUSHALL")
             subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True)
-            subprocess.run(bench[:3] + ["-n", str(calls)] + bench[3:], capture_output=True,
-                           timeout=600)
+            run = subprocess.run(bench[:3] + ["-n", str(calls)] + bench[3:],
+                                 capture_output=True, text=True, timeout=600)
+            if f"{calls} requests completed" not in run.stdout + run.stderr:
+                sys.exit(f"{name}: redis-benchmark did not complete its calls:\n"
+                         f"{run.stdout[-500:]}{run.stderr[-500:]}")
+            before = len(glob.glob(f"{out}/cg.{server.pid}.*"))
             subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True)
-            time.sleep(0.3)
-            dumps = sorted(glob.glob(f"{out}/cg.{server.pid}.*"),
-                           key=lambda p: int(p.rsplit(".", 1)[1]))
+            # The new dump, once written to its end (its `totals:` line):
+            # one read too early gave a figure of a part of the calls.
             ir = 0
-            for line in open(dumps[-1]):
-                if line.startswith(("summary:", "totals:")):
-                    ir = int(line.split()[1])
+            for _ in range(300):
+                dumps = sorted(glob.glob(f"{out}/cg.{server.pid}.*"),
+                               key=lambda p: int(p.rsplit(".", 1)[1]))
+                if len(dumps) > before:
+                    for line in open(dumps[-1]):
+                        if line.startswith("totals:"):
+                            ir = int(line.split()[1])
+                if ir:
+                    break
+                time.sleep(0.1)
             print(f"| {name} | {ir / calls:,.0f} |", flush=True)
     finally:
         server.terminate()
