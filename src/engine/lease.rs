@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use crate::key::LockKey;
 use crate::store::LeaseKind;
+use crate::sync::Signal;
 use crate::time::far_add;
 use crate::token::{FencingToken, OwnerToken, Unfenced};
 
@@ -83,7 +83,7 @@ pub(crate) struct Lease {
     /// Nanoseconds after `acquired_at` until which the lease is valid.
     valid_until_ns: AtomicU64,
     status: AtomicU8,
-    pub(crate) lost: CancellationToken,
+    pub(crate) lost: Signal,
     /// Holds not yet given back: 1 for the grant, +1 per re-entry. The lock
     /// is released when this reaches zero (see `hold.rs`).
     pub(crate) holds: AtomicU32,
@@ -115,7 +115,7 @@ impl Lease {
             hold_deadline: max_hold.map(|h| far_add(attempt_start, h)),
             valid_until_ns: AtomicU64::new(0),
             status: AtomicU8::new(HELD),
-            lost: CancellationToken::new(),
+            lost: Signal::default(),
             holds: AtomicU32::new(1),
             span: OnceLock::new(),
         };
