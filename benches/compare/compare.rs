@@ -324,7 +324,7 @@ fn scenario(
         let floor = case
             .floor()
             .and_then(|f| cases.iter().position(|&c| c == f));
-        let to_floor = |f: fn(&Run) -> f64| {
+        let floor_ratio = |f: fn(&Run) -> f64| {
             floor.map_or("–".to_owned(), |fl| {
                 let ratios = runs[i].iter().zip(&runs[fl]).map(|(a, b)| f(a) / f(b));
                 format!("{:.2}", common::median(ratios.collect()).0)
@@ -334,12 +334,12 @@ fn scenario(
             format!(
                 "{p50:.0} | {p99:.0} | {:.2} | {}",
                 p99 / rs_p99,
-                to_floor(|r| r.p99_us)
+                floor_ratio(|r| r.p99_us)
             )
         } else {
             "– | – | – | –".to_owned()
         };
-        let to_floor = to_floor(|r| r.per_s);
+        let to_floor = floor_ratio(|r| r.per_s);
         println!(
             "| {} | {rate:.0} [{lo:.0}–{hi:.0}] | {:.2} | {to_floor} | {lat} | {:.1} | {:.1} | {:.1} |",
             case.name(),

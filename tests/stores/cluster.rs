@@ -731,6 +731,21 @@ fn setslot(cluster: &Cluster, node: usize, slot: u16, args: &[&str]) {
     );
 }
 
+/// A 3-node cluster, a locker on it (500 ms command timeout, 30 s lease),
+/// a key on node 0 named from `prefix`, and its lock's slot: the start of
+/// each slot-migration test.
+fn migration_case(prefix: &str) -> (Cluster, Locker<RedisStore>, LockKey, u16) {
+    let cluster = Cluster::start(3);
+    let l = timed_locker(
+        &cluster,
+        Duration::from_millis(500),
+        Duration::from_secs(30),
+    );
+    let k = key_on(&cluster, 0, None, prefix);
+    let slot = cluster.slot_of(&redis_name("cl", k.id(), "lock"));
+    (cluster, l, k, slot)
+}
+
 /// Starts moving `slot` from node 0 to node 1 (`SETSLOT … IMPORTING` on
 /// the node it goes to, then `MIGRATING` on the node it leaves), as
 /// `redis-cli --cluster reshard` does; no key is moved yet.
@@ -1231,14 +1246,7 @@ async fn a_frozen_primary_costs_a_healthy_slot_at_most_two_node_timeouts() {
 /// finish stores it and releases, and a duplicate gets the record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_completed_while_its_slot_migrates_keeps_its_record() {
-    let cluster = Cluster::start(3);
-    let l = timed_locker(
-        &cluster,
-        Duration::from_millis(500),
-        Duration::from_secs(30),
-    );
-    let k = key_on(&cluster, 0, None, "mig-finish-");
-    let slot = cluster.slot_of(&redis_name("cl", k.id(), "lock"));
+    let (cluster, l, k, slot) = migration_case("mig-finish-");
     let ids = cluster.node_ids();
     let g = match l.acquire_or_replay(&k).await.unwrap() {
         Acquired::Locked(g) => g,
@@ -1275,14 +1283,7 @@ async fn a_request_completed_while_its_slot_migrates_keeps_its_record() {
 /// the same, and the request fails after three.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_request_whose_slot_is_moving_is_granted() {
-    let cluster = Cluster::start(3);
-    let l = timed_locker(
-        &cluster,
-        Duration::from_millis(500),
-        Duration::from_secs(30),
-    );
-    let k = key_on(&cluster, 0, None, "mig-first-");
-    let slot = cluster.slot_of(&redis_name("cl", k.id(), "lock"));
+    let (cluster, l, k, slot) = migration_case("mig-first-");
     begin_move(&cluster, slot);
     let g = match l.acquire_or_replay(&k).await {
         Ok(Acquired::Locked(g)) => g,
@@ -1301,14 +1302,7 @@ async fn a_first_request_whose_slot_is_moving_is_granted() {
 /// there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_whose_record_has_not_moved_yet_gets_it() {
-    let cluster = Cluster::start(3);
-    let l = timed_locker(
-        &cluster,
-        Duration::from_millis(500),
-        Duration::from_secs(30),
-    );
-    let k = key_on(&cluster, 0, None, "mig-dup-");
-    let slot = cluster.slot_of(&redis_name("cl", k.id(), "lock"));
+    let (cluster, l, k, slot) = migration_case("mig-dup-");
     let g = match l.acquire_or_replay(&k).await.unwrap() {
         Acquired::Locked(g) => g,
         other => panic!("{other:?}"),
