@@ -9,8 +9,9 @@ of renewals in each of these forms, as one pipeline:
   batch     1 x EVALSHA of the batch script             (now: one call per batch)
   set-ifeq  BATCH x SET <lock> <owner> IFEQ <owner> PX  (now, Valkey >= 8.1, no fencing)
 
-each without fencing (the lock alone) and with it (the holder record too,
-where the script renews it). The count of each form is zeroed before it
+each without fencing (the lock's value its owner alone) and with it (the
+value `<owner> <granted us> <label>`, as a fenced grant of this version
+writes it; the script is sent the holder flag, as renew.rs sends it). The count of each form is zeroed before it
 (`callgrind_control -z`) and read after it (`-d`); the median of ROUNDS runs,
 divided by BATCH, is printed: instructions the server ran per renewal,
 parsing and replying included. `hz` is set to 1 so that the server's cron
@@ -125,18 +126,19 @@ def main():
         batch_sha = c.call("SCRIPT", "LOAD", BATCH_SRC).decode()
         owner = "o" * 26
         locks = [f"trl:{{paths:{i % 1024}}}:{i}:lock" for i in range(BATCH)]
-        holders = [f"trl:{{paths:{i % 1024}}}:{i}:holder" for i in range(BATCH)]
-        setup = [resp("SET", k, owner, "PX", 600000) for k in locks]
-        setup += [resp("SET", h, "1 2 label", "PX", 600000) for h in holders]
-        c.pipeline(setup)
+        # A fenced grant of this version keeps its holder record in the
+        # lock's value: `<owner> <granted us> <label>` (acquire.lua).
+        plain = [resp("SET", k, owner, "PX", 600000) for k in locks]
+        fenced_values = [resp("SET", k, owner + " 1700000000000000 label", "PX", 600000)
+                         for k in locks]
         ifeq = make == "valkey" and tuple(map(int, version.split(".")[:2])) >= (8, 1)
 
         def forms(fenced):
-            per_key = [resp("EVALSHA", extend_sha, 1, k, owner, 30000, *([h] if fenced else []))
-                       for k, h in zip(locks, holders)]
-            args = ["l" * len(locks), "1" if fenced else ""]
-            for h in holders:
-                args += [owner, 30000] + ([h] if fenced else [])
+            # With fencing, extend.lua's holder flag (renew.rs).
+            per_key = [resp("EVALSHA", extend_sha, 1, k, owner, 30000, *(["h"] if fenced else []))
+                       for k in locks]
+            # The watchdog's batch: every lease the same, sent once.
+            args = ["l" * len(locks), "h" if fenced else "", 30000] + [owner] * len(locks)
             batch = [resp("EVALSHA", batch_sha, len(locks), *locks, *args)]
             yield "per-key", per_key
             yield "batch", batch
@@ -164,6 +166,7 @@ def main():
             for name, cmds in forms(fenced):
                 runs = []
                 for _ in range(ROUNDS):
+                    c.pipeline(fenced_values if fenced else plain)
                     total, replies = counted(cmds)
                     flat = replies[0] if name == "batch" else replies
                     ok = all(r in (b":1", b"+OK") for r in flat)

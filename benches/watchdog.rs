@@ -24,8 +24,11 @@
 //!   the runtime thread alone (`/proc/self/task/<pid>/stat`) over the hold,
 //!   as a percentage of one CPU, and the thread's less the bench's own
 //!   checks of every guard (timed with the thread's CPU clock); the server's from `INFO cpu`, in all and
-//!   less the sampler's own `INFO` calls (their `usec`), and the renewal
-//!   commands' `usec` alone, each as a percentage of one CPU;
+//!   less the sampler's own `INFO` calls (their `usec`), that less the
+//!   same server idle with the sampler running (measured for a quarter of
+//!   the hold, at most 10 s, before the locks are taken: the server's cron
+//!   and the sampler's connection, which no renewal causes), and the
+//!   renewal commands' `usec` alone, each as a percentage of one CPU;
 //! * memory per held lock: the growth of this process's resident set
 //!   (`/proc/self/statm`) from before the acquires to after them, divided
 //!   by the number of locks.
@@ -287,6 +290,26 @@ fn main() {
         guard.release().await.expect("release");
     });
 
+    // The server with nothing held and the sampler running, as during the
+    // hold: its cron and the sampler's connection (less the `INFO`s' own
+    // time, as below), which the hold's figure includes and no renewal
+    // causes.
+    let idle = (hold / 4).min(Duration::from_secs(10));
+    let idle_pct = {
+        server.reset_stats();
+        let sampler = Sampler::start(&server.url());
+        let (server0, start) = (common::server_cpu(&server).as_secs_f64(), Instant::now());
+        std::thread::sleep(idle);
+        let used = common::server_cpu(&server).as_secs_f64() - server0;
+        let wall = start.elapsed().as_secs_f64();
+        sampler.stop();
+        let info = server
+            .cmd(&["INFO", "commandstats"])
+            .as_string()
+            .unwrap_or_default();
+        (used - command_stat(&info, "info").1 as f64 / 1e6) / wall * 100.0
+    };
+
     let rss_before = rss();
     let started = Instant::now();
     let guards = rt.block_on(acquire_all(&locker, locks));
@@ -415,13 +438,19 @@ fn main() {
         pct(thread1 - thread0 - checking),
         checking,
     );
+    let less_info = pct(server1 - server0 - info_usec as f64 / 1e6);
     println!(
-        "  redis-server CPU: {:.2} % of one CPU (INFO cpu), {:.2} % less the sampler's INFO \
+        "  redis-server CPU: {:.2} % of one CPU (INFO cpu), {less_info:.2} % less the sampler's INFO \
          ({:.3} s of usec), {:.3} % in the renewal commands (usec)",
         pct(server1 - server0),
-        pct(server1 - server0 - info_usec as f64 / 1e6),
         info_usec as f64 / 1e6,
         pct((evalsha_usec + set_usec) as f64 / 1e6),
+    );
+    println!(
+        "  redis-server CPU for the renewals: {:.2} % of one CPU, the hold's {less_info:.2} % less \
+         the same server idle with the sampler before the locks were taken ({idle_pct:.2} % over {:.1} s)",
+        less_info - idle_pct,
+        idle.as_secs_f64(),
     );
     println!(
         "  memory: RSS {:.1} MiB before, {:.1} MiB after acquiring: {:.0} bytes per held lock",

@@ -82,6 +82,27 @@ fn pttl(server: &RedisServer, name: &str) -> i64 {
     server.cmd(&["PTTL", name]).as_int().unwrap()
 }
 
+/// The ms left of `owner`'s permit of `permit` (its score is its end, in
+/// Unix ms).
+fn permit_left(
+    server: &RedisServer,
+    store: &RedisStore,
+    permit: &LockKey,
+    owner: &OwnerToken,
+) -> f64 {
+    let ends: f64 = server
+        .cmd(&["ZSCORE", &store.permits_key(permit), owner.as_str()])
+        .as_string()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as f64;
+    ends - now_ms
+}
+
 /// A batch of lock renewals, fenced and not: the commands it cost, each
 /// as the server allows, and every renewal extended.
 async fn a_batch_costs_what_its_server_allows(server: &RedisServer) {
@@ -301,16 +322,11 @@ async fn one_script_call_renews_every_kind_and_a_large_batch_is_split() {
         .collect();
     assert_eq!(answers, [true, true, true, true, false, false]);
     assert_eq!(server.command_calls("evalsha"), 1);
-    let permits = store.permits_key(&permit);
-    let score = server
-        .cmd(&["ZSCORE", &permits, owner.as_str()])
-        .as_string()
-        .unwrap();
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as f64;
-    assert!(score.parse::<f64>().unwrap() > now_ms + SHORT.as_millis() as f64);
+    // A `PEXPIRE` for the lock and one for the writer, no more: the lock's
+    // holder record is in its value, and a writer has none (the permits
+    // and the reader are renewed with `PEXPIREAT`).
+    assert_eq!(server.command_calls("pexpire"), 2);
+    assert!(permit_left(&server, &store, &permit, &owner) > SHORT.as_millis() as f64);
     let [readers, _, _] = store.rw_keys(&read);
     assert!(pttl(&server, &readers) > SHORT.as_millis() as i64);
     let [_, writer, _] = store.rw_keys(&write);
@@ -327,6 +343,60 @@ async fn one_script_call_renews_every_kind_and_a_large_batch_is_split() {
     assert_eq!(answers.len(), 514);
     assert!(answers[..513].iter().all(|a| matches!(a, Ok(false))));
     assert!(matches!(answers[513], Ok(true)), "{:?}", answers[513]);
+}
+
+/// Renewals of different leases in one batch: each lease is renewed for
+/// its own length, on every path (the batch sends a lease once where all
+/// are the same), fenced and not, a lock's as a permit's.
+async fn each_renewal_of_a_batch_keeps_its_own_lease(server: &RedisServer) {
+    let leases = [10, 300, 60, 120].map(Duration::from_secs);
+    for fencing in [false, true] {
+        let store = store(server, fencing);
+        connect(&store, server).await;
+        let owner = OwnerToken::generate();
+        let locks: Vec<LockKey> = (0..leases.len())
+            .map(|i| key(format!("own-{fencing}-{i}")))
+            .collect();
+        let permit = key(format!("own-permit-{fencing}"));
+        for k in &locks {
+            store.acquire(k, &owner, SHORT).await.unwrap();
+        }
+        store
+            .acquire_permit(&permit, &owner, 2, SHORT)
+            .await
+            .unwrap();
+        let mut batch: Vec<Renewal> = locks
+            .iter()
+            .zip(leases)
+            .map(|(k, lease)| renewal(k, &owner, lease, LeaseKind::Lock))
+            .collect();
+        batch.push(renewal(&permit, &owner, leases[1], LeaseKind::Permit));
+        let answers = store.extend_many(&batch).await;
+        assert!(answers.iter().all(|a| matches!(a, Ok(true))), "{answers:?}");
+        for (k, lease) in locks.iter().zip(leases) {
+            let left = pttl(server, &store.lock_key(k));
+            let lease = lease.as_millis() as i64;
+            assert!(
+                left > lease - 5_000 && left <= lease,
+                "fencing {fencing}: {left} ms left of a {lease} ms lease"
+            );
+        }
+        let left = permit_left(server, &store, &permit, &owner);
+        assert!(
+            left > 295_000.0 && left <= 301_000.0,
+            "fencing {fencing}: the permit ends in {left} ms, not its 300 s"
+        );
+    }
+}
+
+#[tokio::test]
+async fn each_renewal_of_a_batch_keeps_its_own_lease_on_the_test_server() {
+    each_renewal_of_a_batch_keeps_its_own_lease(&RedisServer::start()).await;
+}
+
+#[tokio::test]
+async fn each_renewal_of_a_batch_keeps_its_own_lease_on_valkey() {
+    each_renewal_of_a_batch_keeps_its_own_lease(&RedisServer::start_valkey(&[])).await;
 }
 
 /// A user that may not run `INFO` (an ACL): the store still connects, names

@@ -20,7 +20,7 @@
 
 use redis::Value;
 
-use super::keys::{HOLDER, LOCK, Name, PERMITS};
+use super::keys::{LOCK, Name, PERMITS};
 use super::scripts::{Argv, EXTEND, EXTEND_BATCH, ScriptCall, evalsha, is_no_script};
 use super::server::set_ifeq;
 use super::{RedisStore, ms, rwlock};
@@ -35,6 +35,11 @@ use crate::token::OwnerToken;
 /// locker's `renew_batch`) is sent as several calls in one pipeline, so
 /// that no call holds Redis for long.
 pub(super) const SCRIPT_BATCH: usize = 512;
+
+/// extend.lua's last argument with fencing: a lock granted by an older
+/// version, whose value is its owner alone, renews its holder record
+/// (`…:holder`, named in the script) with it.
+const HOLDER_FLAG: &str = "h";
 
 /// Where a renewal's answer is: a command of the pipeline, or an item of a
 /// batch script call's answer.
@@ -78,16 +83,19 @@ impl RedisStore {
             return set_answer(&answer)
                 .map_err(|e| Error::from_redis(Operation::Extend, Some(key), e));
         }
+        // With fencing, 'h': a lock of an older version renews its holder
+        // record too (see extend.lua).
         let args = [
             Argv::Str(owner.as_str()),
             Argv::Int(ms(lease)),
-            Argv::Name(self.name(key, HOLDER)),
+            Argv::Str(HOLDER_FLAG),
         ];
-        let call = ScriptCall::new(
-            &EXTEND,
-            &[self.name(key, LOCK)],
-            self.with_holder_name(&args),
-        );
+        let args = if self.names_holder_record() {
+            &args[..]
+        } else {
+            &args[..2]
+        };
+        let call = ScriptCall::new(&EXTEND, &[self.name(key, LOCK)], args);
         let n: i64 = self
             .with_conn(Operation::Extend, Some(key), |mut c| async move {
                 call.invoke(&mut c).await
@@ -120,32 +128,47 @@ impl RedisStore {
                 scripted.push(i);
             }
         }
-        // With fencing, each renewal names its holder record (a lock's; ''
-        // for the other kinds): see extend_batch.lua for the layout.
-        let holders = self.names_holder_record();
-        let width = if holders { 3 } else { 2 };
+        // The batch script's layout (extend_batch.lua): the kinds, the
+        // holder flag, the lease when every renewal has the same, then
+        // each renewal's owner (and its own lease where they differ).
+        let holder = if self.names_holder_record() {
+            HOLDER_FLAG
+        } else {
+            ""
+        };
         for chunk in scripted.chunks(SCRIPT_BATCH) {
+            let lease = renewals[chunk[0]].lease;
+            let shared = chunk.iter().all(|&i| renewals[i].lease == lease);
+            let width = if shared { 1 } else { 2 };
             let mut keys: Vec<Name<'_>> = Vec::with_capacity(chunk.len());
             let mut kinds = String::with_capacity(chunk.len());
-            let mut args: Vec<Argv<'_>> = Vec::with_capacity(2 + width * chunk.len());
+            let mut args: Vec<Argv<'_>> = Vec::with_capacity(3 + width * chunk.len());
             // ARGV[1], the kinds, once they are all known.
-            args.extend([Argv::Str(""), Argv::Str(if holders { "1" } else { "" })]);
+            args.extend([
+                Argv::Str(""),
+                Argv::Str(holder),
+                if shared {
+                    Argv::Int(ms(lease))
+                } else {
+                    Argv::Str("")
+                },
+            ]);
             for (item, &i) in chunk.iter().enumerate() {
                 let r = &renewals[i];
                 // A permit and a reader are renewed by extend_permit.lua,
-                // a lock and a writer by extend.lua; the holder record is
-                // a fenced lock's only.
-                let (kind, name, holder) = match (r.kind, r.kind.rw_mode()) {
-                    (LeaseKind::Permit, _) => ('p', PERMITS, None),
-                    (_, Some(mode @ RwMode::Read)) => ('p', rwlock::side(mode), None),
-                    (_, Some(mode)) => ('l', rwlock::side(mode), None),
-                    _ => ('l', LOCK, holders.then_some(HOLDER)),
+                // a lock and a writer by extend.lua; the holder flag is a
+                // lock's only.
+                let (kind, name) = match (r.kind, r.kind.rw_mode()) {
+                    (LeaseKind::Permit, _) => ('p', PERMITS),
+                    (_, Some(mode @ RwMode::Read)) => ('p', rwlock::side(mode)),
+                    (_, Some(mode)) => ('w', rwlock::side(mode)),
+                    _ => ('l', LOCK),
                 };
                 keys.push(self.name(&r.key, name));
                 kinds.push(kind);
-                args.extend([Argv::Str(r.owner.as_str()), Argv::Int(ms(r.lease))]);
-                if holders {
-                    args.push(holder.map_or(Argv::Str(""), |h| Argv::Name(self.name(&r.key, h))));
+                args.push(Argv::Str(r.owner.as_str()));
+                if !shared {
+                    args.push(Argv::Int(ms(r.lease)));
                 }
                 slots[i] = Slot::Script {
                     call: commands,

@@ -7,31 +7,37 @@
 -- `ARGV`: one table of each is refilled for every renewal.)
 --
 -- KEYS the leases, one per renewal (a lock, a writer, or a permits set)
--- ARGV[1] the kinds, one letter per renewal: 'l' (extend.lua: a lock or a
--- writer) or 'p' (extend_permit.lua: a permit or a reader); ARGV[2] '1'
--- when each renewal names a holder record (a fenced store), else ''; then
--- per renewal i, at 2 + w(i-1) (w = 3 with holder records, else 2): +1
--- owner, +2 lease ms, +3 the holder record ('' for none; see extend.lua)
+-- ARGV[1] the kinds, one letter per renewal: 'l' a lock, 'w' a writer
+--   (both extend.lua), 'p' a permit or a reader (extend_permit.lua)
+-- ARGV[2] 'h' with fencing (extend.lua's ARGV[3], for each lock), else ''
+-- ARGV[3] the lease ms of every renewal, or '' where they differ
+-- then per renewal i: its owner, and its lease ms where ARGV[3] is ''
 -- -> one answer per renewal, in order: its script's answer (1 extended,
 --    0 not held), or the error its script met (a key of the wrong type),
 --    which fails that renewal alone, as in a pipeline of one call each
 --
--- Every argument costs Redis a string: a renewal's kind is one letter of
--- ARGV[1], and a store without fencing sends no holder argument.
+-- Every argument costs Redis a string (about 1,100 instructions): what
+-- is the same for every renewal is sent once.
 local kinds = ARGV[1]
--- Whether any renewal is a permit's: if none, no renewal's letter is read
--- (a `string.byte` per renewal costs Redis about 1,000 instructions).
-local permits = string.find(kinds, 'p', 1, true) ~= nil
-local w = 2
-if ARGV[2] == '1' then w = 3 end
-local out = {}
+-- Whether any renewal is not a lock's: if none, no renewal's letter is
+-- read (a `string.byte` per renewal costs Redis about 1,000 instructions).
+local mixed = string.find(kinds, '[pw]') ~= nil
+local holder = nil
+if ARGV[2] ~= '' then holder = ARGV[2] end
+local w = 1
 local keys, args = {}, {}
+if ARGV[3] == '' then w = 2 else args[2] = ARGV[3] end
+local out = {}
 for i = 1, #KEYS do
-  local at = 2 + w * (i - 1)
-  keys[1], args[1], args[2], args[3] = KEYS[i], ARGV[at + 1], ARGV[at + 2], nil
-  if w == 3 and ARGV[at + 3] ~= '' then args[3] = ARGV[at + 3] end
+  local at = 3 + w * (i - 1)
+  keys[1], args[1], args[3] = KEYS[i], ARGV[at + 1], holder
+  if w == 2 then args[2] = ARGV[at + 2] end
   local one = extend_lock
-  if permits and string.byte(kinds, i) == 112 then one = extend_permit end -- 'p'
+  if mixed then
+    local kind = string.byte(kinds, i)
+    if kind == 112 then one = extend_permit -- 'p'
+    elseif kind == 119 then args[3] = nil end -- 'w'
+  end
   local ok, answer = pcall(one, keys, args)
   if ok then
     out[i] = answer
