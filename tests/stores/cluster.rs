@@ -239,14 +239,44 @@ async fn release_and_finish_wake_waiters_by_sharded_notification_on_every_primar
     // in-process, only through Redis.
     let holders = locker(&cluster, 120_000, 0);
     let waiters = notified_locker(&cluster);
+    wake_on_every_primary(&cluster, (&holders, &waiters), "wake").await;
+}
+
+/// The same without fencing (the release's flags say only "Cluster").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fencing_release_and_finish_wake_waiters_by_sharded_notification() {
+    let cluster = Cluster::start(3);
+    let unfenced = || {
+        let urls = cluster.urls();
+        let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+        RedisStore::cluster_builder(&urls)
+            .fencing(false)
+            .build()
+            .unwrap()
+    };
+    let holders = Locker::builder(unfenced())
+        .lease(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let waiters = notified(unfenced());
+    wake_on_every_primary(&cluster, (&holders, &waiters), "plain-wake").await;
+}
+
+/// On each primary, a waiter of `waiters` is woken by the notification of
+/// a release, then of a finish, by `holders`.
+async fn wake_on_every_primary(
+    cluster: &Cluster,
+    (holders, waiters): (&Locker<RedisStore>, &Locker<RedisStore>),
+    prefix: &str,
+) {
     let mut record = Record::new(http::StatusCode::CREATED);
     record = record.with_body(bytes::Bytes::from_static(b"done"));
     for node in 0..cluster.nodes.len() {
         let owner = &cluster.nodes[node];
         for finish in [false, true] {
-            let k = key_on(&cluster, node, None, &format!("wake-{finish}-"));
+            let k = key_on(cluster, node, None, &format!("{prefix}-{finish}-"));
             let holder = holders.acquire(&k).await.unwrap();
-            let waiter = start_waiting(&waiters, &k, owner).await;
+            let waiter = start_waiting(waiters, &k, owner).await;
             if finish {
                 assert!(
                     holder
