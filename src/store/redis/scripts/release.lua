@@ -1,8 +1,9 @@
 -- KEYS[1] lock; ARGV[1] owner, ARGV[2] (optional) flags, 'c', 'h' or
 -- 'ch' (in that order): 'c' on a Cluster (the release is announced with
--- SPUBLISH, else PUBLISH), 'h' with fencing, where a lock granted by an older version keeps its holder
--- record in a name of its own (its value the owner alone): deleted with
--- the lock -> 1 released, 0 not owner (see owner.lua)
+-- SPUBLISH, else PUBLISH), 'h' with fencing, where a lock granted by an
+-- older version keeps its holder record in a name of its own (its value
+-- the owner alone): deleted with the lock
+-- -> 1 released, 0 not owner (see owner.lua)
 -- The other names are the lock's with another last part (`…:<id>:lock` →
 -- `…:<id>:waited`, `…:released`, `…:holder`), made here, not sent: each
 -- argument costs Redis about 1,100 instructions (see acquire.lua).
