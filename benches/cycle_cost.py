@@ -29,7 +29,7 @@ import time
 SERVER = os.environ.get("CYCLE_COST_SERVER", "redis-server")
 
 CASES = ["rslock", "ours", "ours-unfenced", "store-unfenced", "floor-fenced", "floor-unfenced",
-         "floor-unfenced-os", "raw"]
+         "floor-unfenced-os", "floor-unfenced-marked", "raw"]
 
 
 def bench_binary(root):

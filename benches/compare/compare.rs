@@ -26,7 +26,9 @@
 //! gives each of our cases' ratio to its floor too (S4: the fenced one),
 //! and in S1 the ratio of p99 latencies. `floor-unfenced-os` is
 //! `floor-unfenced` with each owner drawn from the OS random source, as
-//! DESIGN.md asks of ours (S1, S2).
+//! DESIGN.md asks of ours (S1, S2); `floor-unfenced-marked` is that one
+//! with the release also deleting the waited-for mark and announcing
+//! itself where a waiter set it, as ours does (S1, S2).
 //! And `store-unfenced` (S1, S2): the unfenced `RedisStore`'s `acquire` and
 //! `release` called without a `Locker`, to show what the `Locker` adds.
 //! For each: cycles per second, the ratio to rslock, S1's p50/p99 latency
@@ -67,6 +69,7 @@ enum Case {
     FloorFenced,
     FloorUnfenced,
     FloorUnfencedOs,
+    FloorMarked,
     StoreUnfenced,
 }
 
@@ -80,6 +83,7 @@ impl Case {
             Case::FloorFenced => "floor-fenced",
             Case::FloorUnfenced => "floor-unfenced",
             Case::FloorUnfencedOs => "floor-unfenced-os",
+            Case::FloorMarked => "floor-unfenced-marked",
             Case::StoreUnfenced => "store-unfenced",
         }
     }
@@ -190,9 +194,14 @@ impl Client {
                 let k = LockKey::new("cmp", task.to_string()).unwrap();
                 locker.cycle(&k).await;
             }
-            Case::FloorFenced => self.floor.cycle((true, false), task).await,
-            Case::FloorUnfenced => self.floor.cycle((false, false), task).await,
-            Case::FloorUnfencedOs => self.floor.cycle((false, true), task).await,
+            Case::FloorFenced | Case::FloorUnfenced | Case::FloorUnfencedOs | Case::FloorMarked => {
+                let kind = floor::Kind {
+                    fenced: case == Case::FloorFenced,
+                    os_owner: matches!(case, Case::FloorUnfencedOs | Case::FloorMarked),
+                    marked: case == Case::FloorMarked,
+                };
+                self.floor.cycle(kind, task).await
+            }
             Case::StoreUnfenced => {
                 // What the Locker adds (its guard, the watchdog, the local
                 // queue, spans and metrics) is the difference from
@@ -366,6 +375,7 @@ fn main() {
         Case::FloorFenced,
         Case::FloorUnfenced,
         Case::FloorUnfencedOs,
+        Case::FloorMarked,
         Case::StoreUnfenced,
     ];
     if let Ok(only) = std::env::var("COMPARE_PROFILE") {
@@ -376,7 +386,7 @@ fn main() {
             .expect("COMPARE_PROFILE=<S1|S2|S4>:<case>");
         let case = *all.iter().find(|c| c.name() == case).expect(
             "case: raw, rslock, ours, ours-unfenced, floor-fenced, floor-unfenced, \
-                 floor-unfenced-os or store-unfenced",
+                 floor-unfenced-os, floor-unfenced-marked or store-unfenced",
         );
         let (nodes, tasks, n) = match name {
             "S1" => (1, 1, 30_000),

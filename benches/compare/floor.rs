@@ -10,6 +10,12 @@
 //! * `floor-unfenced-os`: the same, with each owner drawn from the OS
 //!   random source (`OwnerToken::generate`, one `getrandom` system call),
 //!   as DESIGN.md asks of ours: the floor for our owner-token rule.
+//! * `floor-unfenced-marked`: `floor-unfenced-os` with the one thing
+//!   our unfenced cycle adds that a waiter depends on: the release also
+//!   deletes the lock's waited-for mark (its name made from the lock's,
+//!   as release.lua makes it) and announces the release where a waiter
+//!   had set the mark. The least cycle that keeps DESIGN.md's owner rule
+//!   and wakes waiters by notification instead of their polling.
 //! * `floor-fenced`: a grant that mints a fencing token on the server,
 //!   floored by its clock as ours is (a counter that lapses or is lost
 //!   must not make tokens fall): one script of `TIME`, the counter's
@@ -47,6 +53,31 @@ end
 return 0
 ";
 
+/// The release that also deletes the waited-for mark and, where a waiter
+/// set it, announces the release (the lock's name ends in `lock`).
+const RELEASE_MARKED: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
+  local base = string.sub(KEYS[1], 1, -5)
+  if redis.call('DEL', KEYS[1], base .. 'waited') > 1 then
+    redis.call('PUBLISH', base .. 'released', '')
+  end
+  return 1
+end
+return 0
+";
+
+/// Which floor a cycle is.
+#[derive(Clone, Copy)]
+pub struct Kind {
+    /// A token minted on the server (`floor-fenced`).
+    pub fenced: bool,
+    /// Owners from the OS random source, not a counter.
+    pub os_owner: bool,
+    /// The release deletes the waited-for mark and announces itself.
+    pub marked: bool,
+}
+
 /// The counter's retention (ours by default: a day).
 const RETENTION_MS: u64 = 86_400_000;
 
@@ -67,30 +98,47 @@ pub struct Floor {
     conns: Vec<MultiplexedConnection>,
     grant: String,
     release: String,
+    release_marked: String,
 }
 
 impl Floor {
     pub async fn new(urls: &[String]) -> Floor {
         let mut conns = Vec::new();
-        let (mut grant, mut release) = (String::new(), String::new());
+        let (mut grant, mut release, mut release_marked) =
+            (String::new(), String::new(), String::new());
         for u in urls {
             let client = redis::Client::open(u.as_str()).unwrap();
             let mut c = client.get_multiplexed_async_connection().await.unwrap();
             grant = load(&mut c, GRANT).await;
             release = load(&mut c, RELEASE).await;
+            release_marked = load(&mut c, RELEASE_MARKED).await;
             conns.push(c);
         }
         Floor {
             conns,
             grant,
             release,
+            release_marked,
         }
     }
 
-    /// One acquire + release of `task`'s lock, fenced or not, its owner
-    /// from a counter or (`os_owner`) from the OS random source.
-    pub async fn cycle(&self, (fenced, os_owner): (bool, bool), task: usize) {
-        let lock = format!("floor:{task}");
+    /// One acquire + release of `task`'s lock, as `kind` says.
+    pub async fn cycle(&self, kind: Kind, task: usize) {
+        let Kind {
+            fenced,
+            os_owner,
+            marked,
+        } = kind;
+        let lock = if marked {
+            format!("floor:{task}:lock")
+        } else {
+            format!("floor:{task}")
+        };
+        let release = if marked {
+            &self.release_marked
+        } else {
+            &self.release
+        };
         let owner = if os_owner {
             tower_redis_lock::OwnerToken::generate().as_str().to_owned()
         } else {
@@ -142,7 +190,7 @@ impl Floor {
             let (lock, owner) = (&lock, &owner);
             async move {
                 let n: i64 = redis::cmd("EVALSHA")
-                    .arg(&self.release)
+                    .arg(release)
                     .arg(1)
                     .arg(lock)
                     .arg(owner)
