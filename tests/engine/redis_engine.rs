@@ -239,13 +239,9 @@ async fn many_waiters_share_one_pubsub_connection() {
         .await,
         "one subscription per channel, however many waiters"
     );
-    // One command connection and one pub/sub connection. (Eventually: the
-    // test's own connection of `subscribers` may still be counted while
-    // the server closes it.)
+    // One command connection and one pub/sub connection.
     assert!(
-        eventually(Duration::from_secs(5), async || server.connected_clients()
-            == 2)
-        .await,
+        server.clients_come_to(2).await,
         "{} clients, not a command and a pub/sub connection",
         server.connected_clients()
     );
@@ -255,11 +251,8 @@ async fn many_waiters_share_one_pubsub_connection() {
     for w in waiters {
         timeout(Duration::from_secs(20), w).await.unwrap().unwrap();
     }
-    // (Eventually, for the same reason as above.)
     assert!(
-        eventually(Duration::from_secs(5), async || server.connected_clients()
-            == 2)
-        .await,
+        server.clients_come_to(2).await,
         "{} clients at the end, not a command and a pub/sub connection",
         server.connected_clients()
     );

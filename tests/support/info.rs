@@ -105,6 +105,17 @@ impl RedisServer {
         clients.saturating_sub(1)
     }
 
+    /// Whether [`connected_clients`](RedisServer::connected_clients) comes to
+    /// `n` within 5 s. Waited on, not read once: the connection of a
+    /// previous call, just closed by the test, may still be counted while
+    /// the server closes it.
+    pub async fn clients_come_to(&self, n: u64) -> bool {
+        super::eventually(std::time::Duration::from_secs(5), async || {
+            self.connected_clients() == n
+        })
+        .await
+    }
+
     /// `used_memory` of `INFO memory`, in bytes.
     pub fn used_memory(&self) -> u64 {
         let info = self.info("memory");
