@@ -114,6 +114,25 @@ pub enum Error {
 }
 
 impl Error {
+    /// The error and each cause under it, once, on one line (`lock store
+    /// unavailable during connect: <the client's error>: <what failed under
+    /// it>`): what a readiness route or a log line shows. `Display` alone
+    /// says only what failed, as is usual for errors with a
+    /// [`source`](std::error::Error::source).
+    ///
+    /// ```
+    /// # use tower_redis_lock::{Error, Operation};
+    /// let e = Error::Unavailable {
+    ///     op: Operation::Connect,
+    ///     key: None,
+    ///     source: "connection refused".into(),
+    /// };
+    /// assert!(e.report().to_string().ends_with(": connection refused"));
+    /// ```
+    pub fn report(&self) -> impl fmt::Display + '_ {
+        Chain(self)
+    }
+
     /// The lock this error is about, if any.
     pub fn key(&self) -> Option<&LockKey> {
         match self {
@@ -228,10 +247,18 @@ pub(crate) struct Chain<'a>(pub(crate) &'a (dyn StdError + 'static));
 
 impl fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
+        // Each cause once: a client error whose text already tells its
+        // source (redis' "… - IoError: Connection refused" over the
+        // io::Error itself) does not have it told again.
+        let mut told = self.0.to_string();
+        f.write_str(&told)?;
         let mut next = self.0.source();
         while let Some(cause) = next {
-            write!(f, ": {cause}")?;
+            let text = cause.to_string();
+            if !text.is_empty() && !told.contains(&text) {
+                write!(f, ": {text}")?;
+                told.push_str(&text);
+            }
             next = cause.source();
         }
         Ok(())

@@ -130,9 +130,11 @@ mod tests {
         let lease = grant(&store, &key(id), Duration::from_secs(30), None).await;
         let watchdog = Watchdog::detached();
         watchdog.add(lease.clone());
+        let erased = crate::store::BoxStore::from_arc(store.clone());
         let end = Ending {
             lease,
-            store: crate::store::BoxStore::from_arc(store.clone()),
+            recovery: Arc::new(crate::engine::recovery::Recovery::new(erased.clone())),
+            store: erased,
             local: Queues::default(),
             runtime: Some(tokio::runtime::Handle::current()),
         };

@@ -7,10 +7,10 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::guard::LockGuard;
-use super::health::Health;
 use super::lease::Ask;
 use super::options::Options;
 use super::queue::Queues;
+use super::recovery::Recovery;
 use super::watchdog::Watchdog;
 use crate::error::Error;
 use crate::key::LockKey;
@@ -23,9 +23,16 @@ pub struct Status {
     /// Leases the locker keeps renewed: granted, neither released nor
     /// found lost.
     pub renewing: usize,
-    /// `false` from an acquire that found the store unavailable until one
-    /// that found it answering (`true` before any acquire).
+    /// `false` from an acquire (or [`check`](Locker::check)) that found the
+    /// store unavailable until the store answers again: the locker probes
+    /// it in the background meanwhile, at least once a second. `true`
+    /// before any acquire.
     pub store_up: bool,
+    /// Calls abandoned during an outage (an acquire that timed out, a
+    /// release that kept failing) whose possible effect waits to be taken
+    /// back, owner-checked, once the store answers: 0 when nothing can be
+    /// left stuck.
+    pub undos_waiting: usize,
 }
 
 /// What [`Locker::acquire_or_replay`] found.
@@ -101,7 +108,8 @@ pub(crate) struct Inner<S> {
     /// This process's waiters for either side of a key's reader-writer
     /// lock (one queue: in turn, whichever side each wants).
     pub(crate) rw_queues: Queues,
-    pub(crate) health: Health,
+    /// The store's health, and the undos of abandoned calls.
+    pub(crate) recovery: Arc<Recovery>,
 }
 
 impl<S> std::fmt::Debug for Locker<S> {
@@ -122,9 +130,11 @@ impl<S: LockStore> Locker<S> {
 
     pub(crate) fn with_options(store: S, opts: Options) -> Self {
         let store = Arc::new(store);
+        let erased = BoxStore::from_arc(store.clone());
         Locker {
             inner: Arc::new(Inner {
-                erased: BoxStore::from_arc(store.clone()),
+                recovery: Arc::new(Recovery::new(erased.clone())),
+                erased,
                 store,
                 opts,
                 watchdogs: RwLock::default(),
@@ -132,7 +142,6 @@ impl<S: LockStore> Locker<S> {
                 queues: Queues::default(),
                 permit_queues: Queues::default(),
                 rw_queues: Queues::default(),
-                health: Health::default(),
             }),
         }
     }
@@ -183,8 +192,37 @@ impl<S: LockStore> Locker<S> {
             .sum();
         Status {
             renewing,
-            store_up: !self.inner.health.is_down(),
+            store_up: !self.inner.recovery.health.is_down(),
+            undos_waiting: self.inner.recovery.waiting(),
         }
+    }
+
+    /// Asks the store whether it answers now ([`LockStore::check`]: for a
+    /// [`RedisStore`](crate::RedisStore), connections opened, the boot
+    /// checks run, a `PING` answered), and notes the answer in
+    /// [`status`](Locker::status): a readiness check. Show the error with
+    /// [`Error::report`] (each cause once).
+    ///
+    /// The locker probes its store by itself while an acquire last found it
+    /// down, so `status().store_up` recovers without traffic too (within
+    /// about a second of the store answering again).
+    ///
+    /// ```
+    /// use tower_redis_lock::{Locker, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let locker = Locker::new(MemoryStore::new());
+    /// match locker.check().await {
+    ///     Ok(()) => println!("ready"),
+    ///     Err(e) => println!("not ready: {}", e.report()),
+    /// }
+    /// # }
+    /// ```
+    pub async fn check(&self) -> Result<(), Error> {
+        let answer = self.inner.store.check().await;
+        self.inner.recovery.saw(&answer);
+        answer
     }
 
     /// The configured wait timeout.

@@ -15,6 +15,7 @@
 //! | `reentry.rs` | the holds the current task runs under |
 //! | `guard.rs` | [`LockGuard`], the public face of a hold |
 //! | `health.rs` | whether the store answers: an outage logged when it starts and ends |
+//! | `recovery.rs` | after an outage: abandoned calls undone once the store answers; the store probed while down |
 //! | `locker.rs` | [`Locker`] and [`Acquired`] |
 //! | `operator.rs` | the operator's view: `inspect`, `list`, `force_release` |
 //! | `options.rs` | a locker's settings and their defaults |
@@ -39,6 +40,7 @@ mod operator;
 mod options;
 mod pending;
 mod queue;
+mod recovery;
 mod reentry;
 mod resume;
 mod rwlock;

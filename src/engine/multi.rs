@@ -12,7 +12,7 @@ use super::hold::Hold;
 use super::lease::Lease;
 use super::locker::Locker;
 use super::multi_guard::MultiGuard;
-use super::pending::{Ending, PendingAttempt};
+use super::pending::{Ending, PendingAttempt, UndoOf};
 use super::reentry;
 use crate::error::{ConfigError, Error};
 use crate::key::LockKey;
@@ -136,7 +136,7 @@ impl<S: LockStore> Locker<S> {
         }
         let span = observe::acquire_span(&keys[0], LeaseKind::Lock, wait);
         let res = self.take_all(&keys, wait).instrument(span).await;
-        self.inner.health.saw(&res);
+        self.inner.recovery.saw(&res);
         if let Ok(guard) = &res {
             for h in guard.holds() {
                 h.lease().hold_started();
@@ -240,11 +240,21 @@ impl<S: LockStore> Locker<S> {
         let first = o.max_hold.map_or(o.lease, |cap| o.lease.min(cap));
         // On an error or a drop before the answer, any key may have been
         // granted: each is released in the background, owner-checked.
+        let recovery = &self.inner.recovery;
         let pending: Vec<_> = keys
             .iter()
-            .map(|k| PendingAttempt::new(store, (k, LeaseKind::Lock), owner, first, &runtime))
+            .map(|k| {
+                PendingAttempt::new(recovery, UndoOf::Grant(LeaseKind::Lock, k, owner), &runtime)
+            })
             .collect();
-        let tokens = match store.acquire_all(keys, owner, first).await? {
+        let answer = match store.acquire_all(keys, owner, first).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                pending.into_iter().for_each(PendingAttempt::failed);
+                return Err(e);
+            }
+        };
+        let tokens = match answer {
             AcquireAllOutcome::Held { index, remaining } if index < keys.len() => {
                 pending.into_iter().for_each(PendingAttempt::disarm);
                 return Ok(Step::Held(index, remaining));
@@ -279,6 +289,7 @@ impl<S: LockStore> Locker<S> {
                 let end = Ending {
                     lease,
                     store: self.inner.erased.clone(),
+                    recovery: self.inner.recovery.clone(),
                     local: self.queues(LeaseKind::Lock).clone(),
                     runtime: Some(runtime.clone()),
                 };

@@ -1,11 +1,14 @@
 //! Drop guards for store calls whose answer has not arrived, and the
 //! background task that ends a lock. `Drop` never blocks: it spawns.
 //!
-//! * [`PendingAttempt`]: an acquire whose future was dropped may still have
-//!   been granted; release it, owner-checked.
+//! * [`PendingAttempt`]: an acquire (or a resume's hand-off) whose future
+//!   was dropped, or that failed, may still have been granted, now or when
+//!   a frozen server resumes: its undo goes to the locker's
+//!   [`Recovery`](super::recovery::Recovery).
 //! * [`PendingEnd`]: a release or finish whose future was dropped (or that
 //!   failed) goes on in the background, retried until the store answers or
-//!   the lease is over; this process's waiters are woken once it lands.
+//!   the lease is over (then with the locker's undos, until the store
+//!   answers); this process's waiters are woken once it lands.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -18,6 +21,7 @@ use tracing::Instrument;
 
 use super::lease::Lease;
 use super::queue::Queues;
+use super::recovery::{Recovery, Undo};
 use crate::error::{Chain, Error};
 use crate::key::LockKey;
 use crate::store::{BoxStore, LeaseKind, LockStore, release_lease};
@@ -30,55 +34,82 @@ const RETRY_FIRST: Duration = Duration::from_millis(50);
 /// Longest pause between two tries of a failed release.
 const RETRY_MAX: Duration = Duration::from_secs(1);
 
-/// An acquire attempt whose answer has not arrived. If the future holding it
-/// is dropped (client gone, timeout), the attempt may still have been
-/// granted: release it in the background, owner-checked.
-/// (Spawned on the current runtime, or on the attempt's own if the future
-/// is dropped outside any runtime.)
-pub(crate) struct PendingAttempt<'a, S: LockStore> {
-    armed: Option<(&'a Arc<S>, &'a LockKey, &'a OwnerToken)>,
-    kind: LeaseKind,
-    lease: Duration,
+/// A store call whose answer has not arrived (an acquire attempt, a
+/// resume's hand-off). If the future holding it is dropped (client gone,
+/// timeout), or the call fails, it may still have been carried out, or be
+/// carried out later by a server that resumes: its [`Undo`] goes to the
+/// locker's [`Recovery`], which runs it owner-checked once the store
+/// answers. (Spawned on the current runtime, or on the call's own if the
+/// future is dropped outside any runtime.)
+pub(crate) struct PendingAttempt<'a> {
+    /// What to undo, borrowed: built into an [`Undo`] only when needed
+    /// (an answered attempt, the usual case, copies nothing).
+    armed: Option<UndoOf<'a>>,
+    /// The call itself failed (rather than being dropped).
+    failed: bool,
+    recovery: &'a Arc<Recovery>,
     runtime: &'a Handle,
 }
 
-impl<'a, S: LockStore> PendingAttempt<'a, S> {
-    pub(crate) fn new(
-        store: &'a Arc<S>,
-        (key, kind): (&'a LockKey, LeaseKind),
-        owner: &'a OwnerToken,
-        lease: Duration,
-        runtime: &'a Handle,
-    ) -> Self {
+impl<'a> PendingAttempt<'a> {
+    pub(crate) fn new(recovery: &'a Arc<Recovery>, undo: UndoOf<'a>, runtime: &'a Handle) -> Self {
         PendingAttempt {
-            armed: Some((store, key, owner)),
-            kind,
-            lease,
+            armed: Some(undo),
+            failed: false,
+            recovery,
             runtime,
         }
     }
 
+    /// The call answered: nothing to undo.
     pub(crate) fn disarm(mut self) {
         self.armed = None;
     }
+
+    /// The call failed: undo, and confirm an answer of "nothing to undo"
+    /// (see [`Recovery`]).
+    pub(crate) fn failed(mut self) {
+        self.failed = true;
+    }
 }
 
-impl<S: LockStore> Drop for PendingAttempt<'_, S> {
+impl Drop for PendingAttempt<'_> {
     fn drop(&mut self) {
-        if let Some((store, key, owner)) = self.armed.take() {
-            let (key, owner, lease, kind) = (key.clone(), owner.clone(), self.lease, self.kind);
-            let store = BoxStore::from_arc(store.clone());
-            spawn_detached(Some(self.runtime), async move {
-                // One try, bounded by a lease (after which a grant made now
-                // has expired anyway). Not retried: failed acquires are not
-                // bounded by the locks held, and retrying each of them
-                // through an outage would pile up work for the recovery.
-                let give_up = far_add(Instant::now(), lease);
-                let release = release_lease(&store, kind, &key, &owner);
-                let _ = tokio::time::timeout_at(give_up, release).await;
-            });
+        if let Some(undo) = self.armed.take() {
+            let undo = match undo {
+                UndoOf::Grant(kind, key, owner) => Undo::Grant {
+                    kind,
+                    key: key.clone(),
+                    owner: owner.clone(),
+                },
+                UndoOf::HandBack {
+                    key,
+                    taker,
+                    exporter,
+                    lease,
+                } => Undo::HandBack {
+                    key: key.clone(),
+                    taker: taker.clone(),
+                    exporter: exporter.clone(),
+                    lease,
+                },
+            };
+            self.recovery.abandon(undo, self.failed, Some(self.runtime));
         }
     }
+}
+
+/// What a [`PendingAttempt`] undoes (see [`Undo`]), borrowed from the call.
+pub(crate) enum UndoOf<'a> {
+    /// A grant of a lease of this kind to this owner.
+    Grant(LeaseKind, &'a LockKey, &'a OwnerToken),
+    /// A resume's hand-off of an exported lease.
+    HandBack {
+        key: &'a LockKey,
+        taker: &'a OwnerToken,
+        exporter: &'a OwnerToken,
+        lease: Duration,
+    },
 }
 
 /// How a lock is ended.
@@ -95,6 +126,8 @@ pub(crate) enum EndOp {
 pub(crate) struct Ending {
     pub(crate) lease: Arc<Lease>,
     pub(crate) store: BoxStore,
+    /// Where a release that never got an answer goes on.
+    pub(crate) recovery: Arc<Recovery>,
     /// This process's waiters, woken right after a release.
     pub(crate) local: Queues,
     /// The runtime the lock was granted on: where background releases go
@@ -110,6 +143,7 @@ impl Ending {
         let job = end_lock(
             self.lease.clone(),
             self.store.clone(),
+            self.recovery.clone(),
             self.local.clone(),
             op,
             pause_first,
@@ -212,7 +246,14 @@ pub(crate) fn trace_release(l: &Lease, res: &Result<bool, Error>) {
 /// expired by itself (a full lease past its last validity deadline, which
 /// also covers a renewal still in flight). Then wakes this process's
 /// waiters.
-async fn end_lock(lease: Arc<Lease>, store: BoxStore, local: Queues, op: EndOp, pause_first: bool) {
+async fn end_lock(
+    lease: Arc<Lease>,
+    store: BoxStore,
+    recovery: Arc<Recovery>,
+    local: Queues,
+    op: EndOp,
+    pause_first: bool,
+) {
     let l = &*lease;
     let give_up = far_add(l.valid_until(), l.lease);
     let mut pause_first = pause_first;
@@ -234,11 +275,22 @@ async fn end_lock(lease: Arc<Lease>, store: BoxStore, local: Queues, op: EndOp, 
     let res = release_retrying(&store, l, give_up, pause_first).await;
     match res {
         Some(owned) => trace_release(l, &Ok(owned)),
-        None => tracing::warn!(
-            key = %l.key,
-            fencing_token = l.token.ok().map(crate::token::FencingToken::get),
-            "lock release kept failing; the lease will expire on its own"
-        ),
+        None => {
+            // A renewal the store has queued (a frozen server) may still
+            // run, and hold the key a lease from then: the release goes on
+            // with the locker's other undos, until the store answers.
+            tracing::warn!(
+                key = %l.key,
+                fencing_token = l.token.ok().map(crate::token::FencingToken::get),
+                "lock release kept failing; it is retried until the store answers"
+            );
+            let undo = Undo::Grant {
+                kind: l.kind,
+                key: l.key.clone(),
+                owner: l.owner.clone(),
+            };
+            recovery.abandon(undo, true, None);
+        }
     }
     local.wake(&l.key);
 }

@@ -10,7 +10,7 @@ use super::exported::ExportedLease;
 use super::guard::LockGuard;
 use super::lease::Lease;
 use super::locker::Locker;
-use super::pending::Ending;
+use super::pending::{Ending, PendingAttempt, UndoOf};
 use crate::error::{ConfigError, Error};
 use crate::store::{LeaseKind, LockStore};
 use crate::time::drift;
@@ -32,11 +32,12 @@ impl<S: LockStore> Locker<S> {
     /// lapsed, that another holder has taken since, or that was resumed
     /// already (a job queue that delivers twice) is [`Error::LockLost`],
     /// never a guard that does not hold the lock: the answer is the
-    /// store's. A store that does not answer
-    /// is its error ([`Error::Unavailable`]); the lock is then left to its
-    /// lease, so a retry of `resume` can still find it. A resume whose
-    /// future is dropped after the store renewed it leaves the lock to
-    /// lapse at its lease too.
+    /// store's. A store that does not answer is its error
+    /// ([`Error::Unavailable`]); the lock is then left to its lease, so a
+    /// retry of `resume` can still find it: a hand-off the store carries
+    /// out after the call gave up (a frozen server that resumes), or after
+    /// its future was dropped, is handed back to the exported token,
+    /// owner-checked, once the store answers.
     ///
     /// The resumed lease is renewed for the exported lease length, and
     /// this locker's hold cap, if any, counts from the resume.
@@ -62,12 +63,30 @@ impl<S: LockStore> Locker<S> {
         // same export (a job delivered twice) finds the lock gone.
         let exported = owner;
         let owner = OwnerToken::generate();
-        if !self
+        // Cut short or failed, the hand-off may still happen (a frozen
+        // server runs it when it resumes): it is handed back then, so that
+        // a retry of the resume finds the lease where it was.
+        let undo = UndoOf::HandBack {
+            key: &key,
+            taker: &owner,
+            exporter: &exported,
+            lease: first,
+        };
+        let pending = PendingAttempt::new(&self.inner.recovery, undo, &runtime);
+        let handed = match self
             .inner
             .store
             .transfer(&key, &exported, &owner, first)
-            .await?
+            .await
         {
+            Ok(handed) => handed,
+            Err(e) => {
+                pending.failed();
+                return Err(e);
+            }
+        };
+        pending.disarm();
+        if !handed {
             tracing::debug!(
                 key = %key,
                 "resume refused: the exported lease lapsed, was taken over or was resumed already"
@@ -96,6 +115,7 @@ impl<S: LockStore> Locker<S> {
         let end = Ending {
             lease,
             store: self.inner.erased.clone(),
+            recovery: self.inner.recovery.clone(),
             local: self.inner.queues.clone(),
             runtime: Some(runtime),
         };

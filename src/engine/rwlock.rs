@@ -3,17 +3,14 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::guard::LockGuard;
 use super::lease::Ask;
 use super::locker::{Acquired, Locker};
-use super::pending::spawn_detached;
+use super::recovery::Undo;
 use super::reentry;
 use crate::error::{ConfigError, Error};
 use crate::key::LockKey;
-use crate::store::{BoxStore, LeaseKind, LockStore};
-use crate::time::far_add;
+use crate::store::{LeaseKind, LockStore};
 use crate::token::OwnerToken;
 
 /// A key's reader-writer lock: any number of readers at once, or one
@@ -184,8 +181,8 @@ impl<S: LockStore> ReadWriteLock<S> {
         // One mark for all the tries of this acquire.
         let waiter = fastrand::u128(..);
         let mark = Withdraw {
-            armed: Some((self.locker.inner.erased.clone(), self.key.clone(), waiter)),
-            lease: self.locker.inner.opts.lease,
+            armed: Some((self.key.clone(), waiter)),
+            locker: &self.locker,
         };
         let res = self
             .take(
@@ -195,11 +192,19 @@ impl<S: LockStore> ReadWriteLock<S> {
                 },
             )
             .await;
-        if res.is_ok() {
-            // The grant took the mark back.
-            mark.disarm();
+        match res {
+            Ok(guard) => {
+                // The grant took the mark back.
+                mark.disarm();
+                Ok(guard)
+            }
+            Err(e) => {
+                // Taken back before the caller hears of it: a job that gives
+                // up and ends must not leave every reader refused.
+                mark.withdraw().await;
+                Err(e)
+            }
         }
-        res
     }
 
     async fn take(&self, wait: Duration, ask: Ask) -> Result<LockGuard, Error> {
@@ -213,30 +218,47 @@ impl<S: LockStore> ReadWriteLock<S> {
     }
 }
 
-/// Takes a waiting writer's mark back, in the background, when the write
-/// acquire ends without a grant (its wait ran out, it failed, or its
-/// future was dropped).
-struct Withdraw {
-    armed: Option<(BoxStore, LockKey, u128)>,
-    lease: Duration,
+/// Takes a waiting writer's mark back when the write acquire ends without
+/// a grant: at once when its wait ran out or it failed, in the background
+/// (with the locker's other undos, until the store answers) when its future
+/// was dropped or the withdrawal failed.
+struct Withdraw<'a, S: LockStore> {
+    armed: Option<(LockKey, u128)>,
+    locker: &'a Locker<S>,
 }
 
-impl Withdraw {
+impl<S: LockStore> Withdraw<'_, S> {
     fn disarm(mut self) {
         self.armed = None;
     }
+
+    async fn withdraw(mut self) {
+        let Some((key, waiter)) = self.armed.as_ref() else {
+            return;
+        };
+        let waiter = OwnerToken::from_u128(*waiter);
+        match self.locker.inner.store.withdraw_writer(key, &waiter).await {
+            Ok(_) => self.armed = None,
+            Err(e) => {
+                tracing::debug!(key = %key, error = %crate::error::Chain(&e), "taking a waiting writer's mark back failed; retrying in the background");
+                if let Some((key, _)) = self.armed.take() {
+                    self.undo(key, waiter, true);
+                }
+            }
+        }
+    }
+
+    fn undo(&self, key: LockKey, waiter: OwnerToken, suspect: bool) {
+        let recovery = &self.locker.inner.recovery;
+        recovery.abandon(Undo::Mark { key, waiter }, suspect, None);
+    }
 }
 
-impl Drop for Withdraw {
+impl<S: LockStore> Drop for Withdraw<'_, S> {
     fn drop(&mut self) {
-        if let Some((store, key, waiter)) = self.armed.take() {
-            let give_up = far_add(Instant::now(), self.lease);
+        if let Some((key, waiter)) = self.armed.take() {
             // (Outside a runtime the mark lapses at its lease end.)
-            spawn_detached(None, async move {
-                let waiter = OwnerToken::from_u128(waiter);
-                let withdraw = store.withdraw_writer(&key, &waiter);
-                let _ = tokio::time::timeout_at(give_up, withdraw).await;
-            });
+            self.undo(key, OwnerToken::from_u128(waiter), false);
         }
     }
 }

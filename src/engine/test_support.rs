@@ -60,6 +60,17 @@ pub(crate) struct Counting {
     pub(crate) stall_extends: tokio::sync::watch::Sender<bool>,
     /// Renewals sent per key.
     pub(crate) extends_of: std::sync::Mutex<std::collections::HashMap<LockKey, usize>>,
+    /// While set, every release and record read fails at once (a store
+    /// that is down; its default check reads a record).
+    pub(crate) down: std::sync::atomic::AtomicBool,
+    /// While set, every release fails although the store answers (the
+    /// key's own error, such as a key of the wrong type).
+    pub(crate) refuse_releases: std::sync::atomic::AtomicBool,
+    /// Releases that reached the store (refused as the key's own error or
+    /// answered).
+    pub(crate) releases: std::sync::atomic::AtomicUsize,
+    /// Releases and record reads asked, answered or not.
+    pub(crate) calls: std::sync::atomic::AtomicUsize,
 }
 
 impl Counting {
@@ -82,6 +93,20 @@ impl Counting {
 }
 
 impl Counting {
+    /// Counts a release or read; fails it while the store is `down`.
+    fn reach(&self, op: crate::error::Operation) -> Result<(), crate::error::Error> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.calls.fetch_add(1, SeqCst);
+        if self.down.load(SeqCst) {
+            return Err(crate::error::Error::Unavailable {
+                op,
+                key: None,
+                source: "test: the store is down".into(),
+            });
+        }
+        Ok(())
+    }
+
     fn count_extend(&self, key: &LockKey) {
         self.extends
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -158,6 +183,16 @@ impl LockStore for Counting {
         key: &LockKey,
         owner: &OwnerToken,
     ) -> Result<bool, crate::error::Error> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.reach(crate::error::Operation::Release)?;
+        self.releases.fetch_add(1, SeqCst);
+        if self.refuse_releases.load(SeqCst) {
+            return Err(crate::error::Error::Unavailable {
+                op: crate::error::Operation::Release,
+                key: Some(key.clone()),
+                source: "test: WRONGTYPE".into(),
+            });
+        }
         self.inner.release(key, owner).await
     }
 
@@ -175,6 +210,7 @@ impl LockStore for Counting {
         &self,
         key: &LockKey,
     ) -> Result<Option<bytes::Bytes>, crate::error::Error> {
+        self.reach(crate::error::Operation::Connect)?;
         self.inner.read_record(key).await
     }
 

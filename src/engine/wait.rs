@@ -12,7 +12,7 @@ use tracing::{Instrument, Span};
 use super::guard::LockGuard;
 use super::lease::{Ask, Lease};
 use super::locker::{Acquired, Locker};
-use super::pending::{Ending, PendingAttempt};
+use super::pending::{Ending, PendingAttempt, UndoOf};
 use super::reentry;
 use crate::error::Error;
 use crate::error::{Chain, ConfigError};
@@ -43,7 +43,7 @@ impl<S: LockStore> Locker<S> {
             .await;
         // A re-entry asked the store nothing: it says nothing of its health.
         if !matches!(&res, Ok(Acquired::Locked(g)) if g.hold_count() > 1) {
-            self.inner.health.saw(&res);
+            self.inner.recovery.saw(&res);
         }
         match &res {
             // (Granted, completed and refused are recorded where they happen.)
@@ -272,22 +272,30 @@ impl<S: LockStore> Locker<S> {
         // shorter than the lease shortens the grant itself.
         let first = o.max_hold.map_or(o.lease, |cap| o.lease.min(cap));
         let kind = ask.kind();
-        let pending = PendingAttempt::new(store, (key, kind), owner, first, &runtime);
-        // On an error (timeout, connection lost) the grant may still have
-        // happened: `pending` releases it in the background.
+        let undo = UndoOf::Grant(kind, key, owner);
+        let pending = PendingAttempt::new(&self.inner.recovery, undo, &runtime);
+        // On an error (timeout, connection lost) or a drop the grant may
+        // still have happened, or happen later: `pending` has it released.
         let outcome = match ask {
             Ask::Lock { replay } => {
                 store
                     .acquire_labelled(key, owner, first, o.label.as_ref(), replay)
-                    .await?
+                    .await
             }
-            Ask::Permit { permits } => store.acquire_permit(key, owner, permits, first).await?,
-            Ask::Read => store.acquire_read(key, owner, first).await?,
+            Ask::Permit { permits } => store.acquire_permit(key, owner, permits, first).await,
+            Ask::Read => store.acquire_read(key, owner, first).await,
             Ask::Write { waiter } => {
                 let waiter = waiter.map(OwnerToken::from_u128);
                 store
                     .acquire_write(key, owner, waiter.as_ref(), first)
-                    .await?
+                    .await
+            }
+        };
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                pending.failed();
+                return Err(e);
             }
         };
         pending.disarm();
@@ -344,6 +352,7 @@ impl<S: LockStore> Locker<S> {
         let end = Ending {
             lease,
             store: self.inner.erased.clone(),
+            recovery: self.inner.recovery.clone(),
             local: self.queues(kind).clone(),
             runtime: Some(runtime),
         };

@@ -110,6 +110,15 @@ impl BoxStore {
             type_name: std::any::type_name::<S>(),
         }
     }
+
+    /// The boxed store's [`check`](LockStore::check): for a
+    /// [`RedisStore`](crate::RedisStore), [`RedisStore::check`](crate::RedisStore::check)
+    /// (connections opened, the eviction policy and scripting checked, a
+    /// `PING` answered), so that an app keeps one store type for its locks
+    /// and its readiness route.
+    pub async fn check(&self) -> Result<(), Error> {
+        self.inner.check_boxed().await
+    }
 }
 
 impl BoxStore {
@@ -263,6 +272,10 @@ impl LockStore for BoxStore {
 
     async fn withdraw_writer(&self, key: &LockKey, waiter: &OwnerToken) -> Result<bool, Error> {
         self.inner.withdraw_writer_boxed(key, waiter).await
+    }
+
+    async fn check(&self) -> Result<(), Error> {
+        self.inner.check_boxed().await
     }
 
     async fn acquire_labelled(
@@ -431,6 +444,8 @@ trait DynLockStore: Send + Sync + 'static {
         key: &'a LockKey,
         waiter: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, Error>>;
+
+    fn check_boxed(&self) -> BoxFuture<'_, Result<(), Error>>;
 
     fn acquire_labelled_boxed<'a>(
         &'a self,
@@ -622,6 +637,10 @@ impl<S: LockStore> DynLockStore for S {
         waiter: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(LockStore::withdraw_writer(self, key, waiter))
+    }
+
+    fn check_boxed(&self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(LockStore::check(self))
     }
 
     fn acquire_labelled_boxed<'a>(

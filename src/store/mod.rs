@@ -518,6 +518,22 @@ pub trait LockStore: Send + Sync + 'static {
         std::future::ready(Err(unsupported(Operation::ForceRelease, Some(key))))
     }
 
+    /// Whether the store answers now: a readiness check, and the probe a
+    /// [`Locker`](crate::Locker) runs while its store is down, so that its
+    /// [`status`](crate::Locker::status) recovers without traffic. The
+    /// Redis stores open their connections and run their boot checks
+    /// ([`RedisStore::check`](crate::RedisStore::check),
+    /// [`RedlockStore::check`](crate::RedlockStore::check)). The default
+    /// reads the completed record of a key no lock uses: one round trip
+    /// through the store's usual path.
+    fn check(&self) -> impl Future<Output = Result<(), Error>> + Send {
+        async move {
+            // (A namespace and id that `LockKey::new` accepts.)
+            let probe = LockKey::new("trl-check", "probe").map_err(Error::from)?;
+            self.read_record(&probe).await.map(drop)
+        }
+    }
+
     /// Identifies the locks this store works on: clones of one store give
     /// the same id, so a [`LockGuard`](crate::LockGuard) granted through one
     /// clone is [re-entered](crate::LockGuard::reenter) by a

@@ -254,6 +254,10 @@ impl LockStore for RedlockStore {
         Arc::as_ptr(&self.nodes).cast::<()>() as usize
     }
 
+    async fn check(&self) -> Result<(), Error> {
+        RedlockStore::check(self).await
+    }
+
     async fn acquire(
         &self,
         key: &LockKey,

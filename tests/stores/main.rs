@@ -17,6 +17,7 @@ mod multi;
 mod network_faults;
 mod noscript;
 mod operator;
+mod outage;
 mod pubsub_leak;
 mod release_notice;
 mod renewal_paths;

@@ -227,6 +227,10 @@ impl LockStore for RedisStore {
         Arc::as_ptr(&self.inner).cast::<()>() as usize
     }
 
+    async fn check(&self) -> Result<(), Error> {
+        RedisStore::check(self).await
+    }
+
     async fn acquire(
         &self,
         key: &LockKey,
