@@ -2,9 +2,11 @@
 //! it should, when Redis has lost its scripts (`SCRIPT FLUSH`, as after a
 //! restart or a failover to a replica): the call meets `NOSCRIPT`, loads
 //! its script and sends itself once more. The cache is flushed before each
-//! call, after the store has connected (a new connection loads the usual
-//! scripts up front, which would hide the fallback), so that each call
-//! meets `NOSCRIPT` itself. Real `redis-server` processes.
+//! call, after the store has connected (a new connection loads every
+//! script up front, which would hide the fallback), so that each call
+//! meets `NOSCRIPT` itself. And the other way round: the first use of
+//! every call on a store that has just connected meets no `NOSCRIPT` (see
+//! "First uses" below). Real `redis-server` processes.
 
 use crate::support;
 
@@ -14,8 +16,8 @@ use bytes::Bytes;
 use support::topology::{Cluster, start_independent};
 use support::{RedisServer, stores};
 use tower_redis_lock::{
-    AcquireOutcome, FencingToken, LockKey, LockStore, OwnerToken, RedisStore, Renewal,
-    ReplicaShortfall,
+    AcquireAllOutcome, AcquireOutcome, FencingToken, LeaseKind, ListCursor, LockKey, LockStore,
+    OwnerToken, RedisStore, RedlockStore, Renewal, ReplicaShortfall, RwMode,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -32,6 +34,15 @@ fn fenced(server: &RedisServer) -> RedisStore {
 fn unfenced(server: &RedisServer) -> RedisStore {
     RedisStore::builder(&server.url())
         .fencing(false)
+        .build()
+        .unwrap()
+}
+
+/// A store whose grants wait for a replica (there is none: `WAIT`
+/// answers 0 after 20 ms, and `Proceed` keeps the grant).
+fn waiting_for_a_replica(server: &RedisServer) -> RedisStore {
+    RedisStore::builder(&server.url())
+        .wait_replicas(1, Duration::from_millis(20), ReplicaShortfall::Proceed)
         .build()
         .unwrap()
 }
@@ -61,7 +72,7 @@ fn flush_scripts(server: &RedisServer) {
 
 /// The calls since [`flush_scripts`] loaded `n` scripts: each call met
 /// `NOSCRIPT` and loaded its script once (the connection was not reopened,
-/// which would load the usual five).
+/// which would load every script).
 fn reloaded(server: &RedisServer, n: u64) {
     assert_eq!(
         server.command_calls("script|load"),
@@ -298,10 +309,7 @@ async fn renewals_reload_the_script() {
 #[tokio::test]
 async fn a_grant_that_waits_for_replicas_reloads_the_script() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(&server.url())
-        .wait_replicas(1, Duration::from_millis(20), ReplicaShortfall::Proceed)
-        .build()
-        .unwrap();
+    let store = waiting_for_a_replica(&server);
     connect(&store).await;
     let (k, owner, other) = (key("wait"), OwnerToken::generate(), OwnerToken::generate());
 
@@ -330,24 +338,39 @@ async fn a_grant_that_waits_for_replicas_reloads_the_script() {
 /// where it was stored), each after a flush of every node.
 #[tokio::test]
 async fn redlock_write_back_and_rollback_reload_their_scripts() {
-    // Far above Redis `TIME` in µs, below 2^53 (see tests/redlock_safety.rs).
-    const AHEAD: u64 = 5_000_000_000_000_000;
     let servers = start_independent(3);
     let store = stores::redlock_over(&servers, Duration::from_secs(2));
-    let nodes = store.nodes();
-    for node in nodes {
+    for node in store.nodes() {
         connect(node).await;
     }
-    let (k, owner) = (key("redlock"), OwnerToken::generate());
+    write_back_then_rollback(&servers, &store, "redlock", || {
+        servers.iter().for_each(flush_scripts);
+    })
+    .await;
+}
+
+/// Over Redlock's `servers`: a grant by the majority {0, 1} (node 2 held
+/// by someone else) whose token, minted by node 0 far ahead, is written
+/// back to node 1; then, the lock lost on node 1 too, a finish that stores
+/// its record on node 0 only, no quorum, and takes it back there. `before`
+/// runs before the grant and before the finish.
+async fn write_back_then_rollback(
+    servers: &[RedisServer],
+    store: &RedlockStore,
+    id: &str,
+    before: impl Fn(),
+) {
+    // Far above Redis `TIME` in µs, below 2^53 (see tests/redlock_safety.rs).
+    const AHEAD: u64 = 5_000_000_000_000_000;
+    let nodes = store.nodes();
+    let (k, owner) = (key(id), OwnerToken::generate());
     let lost = |i: usize| {
         servers[i].cmd(&["SET", &nodes[i].lock_key(&k), "someone-else", "PX", "60000"]);
     };
-    // The majority is {0, 1}: node 2 is held by someone else. Node 0's
-    // counter is far ahead, so node 1 needs the write-back.
     lost(2);
     servers[0].cmd(&["SET", &nodes[0].fence_key(&k), &AHEAD.to_string()]);
 
-    servers.iter().for_each(flush_scripts);
+    before();
     let t = token(store.acquire(&k, &owner, LEASE).await.unwrap());
     assert_eq!(t.get(), AHEAD + 1);
     for (i, s) in servers.iter().enumerate().take(2) {
@@ -358,10 +381,8 @@ async fn redlock_write_back_and_rollback_reload_their_scripts() {
         );
     }
 
-    // Lost on node 1 too: the finish stores its record on node 0 only,
-    // which is no quorum, and takes it back there.
     lost(1);
-    servers.iter().for_each(flush_scripts);
+    before();
     let finished = store
         .finish(&k, &owner, Bytes::from_static(b"done"), RETENTION)
         .await;
@@ -440,4 +461,231 @@ async fn a_cluster_reloads_a_script_only_on_the_calls_primary() {
     for i in frozen {
         cluster.nodes[i].thaw();
     }
+}
+
+// First uses. A store's first connection to a server loads every script
+// the store runs (in one round trip with it), so that no call's first use
+// pays for `NOSCRIPT`, `SCRIPT LOAD` and its `EVALSHA` again: three round
+// trips instead of one, which to a far Redlock node (200 ms away) cost a
+// 1 s lease its grant. Each test below starts fresh servers (empty script
+// caches) and a store that has not connected, runs the first use of every
+// call of every kind it has, and counts the `NOSCRIPT` answers the servers
+// gave (`INFO errorstats`): none.
+
+/// The `NOSCRIPT` answers `server` gave since it started.
+fn noscript_answers(server: &RedisServer) -> u64 {
+    server.error_count("NOSCRIPT")
+}
+
+/// Whether `outcome` is a grant, fenced or not.
+fn is_grant(outcome: &AcquireOutcome) -> bool {
+    matches!(
+        outcome,
+        AcquireOutcome::Granted(_) | AcquireOutcome::GrantedUnfenced
+    )
+}
+
+/// `owner`'s `kind` lease of `k` renewed twice in one `extend_many` (a
+/// batch, the watchdog's call: one script for both on one primary).
+async fn renew_in_a_batch<S: LockStore>(
+    store: &S,
+    k: &LockKey,
+    owner: &OwnerToken,
+    kind: LeaseKind,
+) {
+    let renewal = Renewal {
+        key: k.clone(),
+        owner: owner.clone(),
+        lease: LEASE,
+        kind,
+    };
+    let renewed = store.extend_many(&[renewal.clone(), renewal]).await;
+    assert!(renewed.iter().all(|r| matches!(r, Ok(true))), "{renewed:?}");
+}
+
+/// The lock's calls, each's first use: grant (and a refusal that marks the
+/// lock waited for), renewal alone and in a batch, hand-off (`transfer`,
+/// as `resume` makes it), inspect, list, release; acquire-or-replay,
+/// finish and the replay of the record (`read_record`); force-release;
+/// several locks at once. `tag` keeps the keys of one run apart.
+async fn first_uses_of_lock_calls<S: LockStore>(store: &S, tag: &str) {
+    let k = key(&format!("{tag}-lock"));
+    let (owner, other, next) = (
+        OwnerToken::generate(),
+        OwnerToken::generate(),
+        OwnerToken::generate(),
+    );
+    assert!(is_grant(&store.acquire(&k, &owner, LEASE).await.unwrap()));
+    assert!(matches!(
+        store.acquire(&k, &other, LEASE).await.unwrap(),
+        AcquireOutcome::Held { .. }
+    ));
+    assert!(store.extend(&k, &owner, LEASE).await.unwrap());
+    renew_in_a_batch(store, &k, &owner, LeaseKind::Lock).await;
+    assert!(store.transfer(&k, &owner, &next, LEASE).await.unwrap());
+    let held = store.inspect(&k).await.unwrap();
+    assert!(held.is_some_and(|h| h.waiters), "inspect");
+    store
+        .list("noscript", &ListCursor::start(), 10)
+        .await
+        .unwrap();
+    assert!(store.release(&k, &next).await.unwrap());
+
+    let r = key(&format!("{tag}-replay"));
+    let record = Bytes::from_static(b"{\"status\":201}");
+    assert!(is_grant(
+        &store.acquire_or_replay(&r, &owner, LEASE).await.unwrap()
+    ));
+    assert!(
+        store
+            .finish(&r, &owner, record.clone(), RETENTION)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.acquire_or_replay(&r, &other, LEASE).await.unwrap(),
+        AcquireOutcome::Completed(record.clone())
+    );
+    assert_eq!(store.read_record(&r).await.unwrap(), Some(record));
+
+    let f = key(&format!("{tag}-forced"));
+    assert!(is_grant(&store.acquire(&f, &owner, LEASE).await.unwrap()));
+    assert!(store.force_release(&f).await.unwrap().released);
+
+    let both = [key(&format!("{tag}-all-a")), key(&format!("{tag}-all-b"))];
+    let all = store.acquire_all(&both, &owner, LEASE).await.unwrap();
+    assert!(matches!(all, AcquireAllOutcome::Granted(_)), "{all:?}");
+    let released = store.release_all(&both, &owner).await.unwrap();
+    assert_eq!(released, [true, true]);
+}
+
+/// The other kinds' calls, each's first use: a permit (grant, renewal
+/// alone and in a batch, release); a reader-writer lock's reader (grant,
+/// renewal, release), a writer that finds it read and marks itself
+/// waiting, the mark withdrawn, then the writer granted, renewed and
+/// released.
+async fn first_uses_of_other_kinds<S: LockStore>(store: &S, tag: &str) {
+    let p = key(&format!("{tag}-permit"));
+    let owner = OwnerToken::generate();
+    assert!(is_grant(
+        &store.acquire_permit(&p, &owner, 2, LEASE).await.unwrap()
+    ));
+    assert!(store.extend_permit(&p, &owner, LEASE).await.unwrap());
+    renew_in_a_batch(store, &p, &owner, LeaseKind::Permit).await;
+    assert!(store.release_permit(&p, &owner).await.unwrap());
+
+    let rw = key(&format!("{tag}-rw"));
+    let (reader, writer, waiter) = (
+        OwnerToken::generate(),
+        OwnerToken::generate(),
+        OwnerToken::generate(),
+    );
+    assert!(is_grant(
+        &store.acquire_read(&rw, &reader, LEASE).await.unwrap()
+    ));
+    assert!(
+        store
+            .extend_rw(&rw, &reader, RwMode::Read, LEASE)
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        store
+            .acquire_write(&rw, &writer, Some(&waiter), LEASE)
+            .await
+            .unwrap(),
+        AcquireOutcome::Held { .. }
+    ));
+    assert!(store.withdraw_writer(&rw, &waiter).await.unwrap());
+    assert!(store.release_rw(&rw, &reader, RwMode::Read).await.unwrap());
+    assert!(is_grant(
+        &store
+            .acquire_write(&rw, &writer, None, LEASE)
+            .await
+            .unwrap()
+    ));
+    assert!(
+        store
+            .extend_rw(&rw, &writer, RwMode::Write, LEASE)
+            .await
+            .unwrap()
+    );
+    assert!(store.release_rw(&rw, &writer, RwMode::Write).await.unwrap());
+}
+
+/// No `NOSCRIPT` on `servers`, with which servers gave how many.
+fn assert_no_noscript(servers: &[&RedisServer]) {
+    let answers: Vec<u64> = servers.iter().map(|s| noscript_answers(s)).collect();
+    assert!(
+        answers.iter().all(|n| *n == 0),
+        "NOSCRIPT answers per server: {answers:?}"
+    );
+}
+
+/// One primary, fenced and unfenced: every kind's calls.
+#[tokio::test]
+async fn first_uses_on_one_primary_pay_no_noscript() {
+    let server = RedisServer::start();
+    for (tag, store) in [("fenced", fenced(&server)), ("unfenced", unfenced(&server))] {
+        first_uses_of_lock_calls(&store, tag).await;
+        first_uses_of_other_kinds(&store, tag).await;
+    }
+    assert_no_noscript(&[&server]);
+}
+
+/// Grants that wait for replicas run on connections of their own, opened
+/// by the first grant: that first grant too finds its script loaded.
+#[tokio::test]
+async fn first_uses_of_grants_that_wait_for_replicas_pay_no_noscript() {
+    let server = RedisServer::start();
+    let store = waiting_for_a_replica(&server);
+    first_uses_of_lock_calls(&store, "wait").await;
+    first_uses_of_other_kinds(&store, "wait").await;
+    assert_no_noscript(&[&server]);
+}
+
+/// Redlock's nodes, each a store of its own: the lock's calls, and the
+/// calls only Redlock makes, the token's write-back (a node mints a larger
+/// token, and the other granting node is raised to it) and the rollback of
+/// a finish short of its quorum. Fails if the write-back's script is not
+/// loaded with the connection (the refused runs of issue 38).
+#[tokio::test]
+async fn first_uses_on_redlock_nodes_pay_no_noscript() {
+    let servers = start_independent(3);
+    let store = stores::redlock_over(&servers, Duration::from_secs(2));
+    // The write-back's script is the first the store runs on node 1
+    // after its grant.
+    write_back_then_rollback(&servers, &store, "redlock-first", || {}).await;
+    first_uses_of_lock_calls(&store, "redlock").await;
+    assert_no_noscript(&servers.iter().collect::<Vec<_>>());
+}
+
+/// Behind Sentinel: the primary it names.
+#[tokio::test]
+async fn first_uses_behind_sentinel_pay_no_noscript() {
+    let (store, set) = stores::sentinel();
+    first_uses_of_lock_calls(&store, "sentinel").await;
+    first_uses_of_other_kinds(&store, "sentinel").await;
+    assert_no_noscript(&[set.current_master()]);
+}
+
+/// On a Cluster, every primary: the keys of the calls fall in several
+/// slots, on every node.
+#[tokio::test]
+async fn first_uses_on_a_cluster_pay_no_noscript() {
+    let cluster = Cluster::start(3);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let store = RedisStore::cluster(&urls).unwrap();
+    for n in 0..6 {
+        first_uses_of_lock_calls(&store, &format!("cluster-{n}")).await;
+        first_uses_of_other_kinds(&store, &format!("cluster-{n}")).await;
+    }
+    let used: Vec<u64> = cluster
+        .nodes
+        .iter()
+        .map(|n| n.command_calls("evalsha"))
+        .collect();
+    assert!(used.iter().all(|n| *n > 0), "EVALSHA per node: {used:?}");
+    assert_no_noscript(&cluster.nodes.iter().collect::<Vec<_>>());
 }

@@ -40,6 +40,17 @@ impl RedisServer {
         parse_command_stats(&self.info("commandstats"))
     }
 
+    /// The error answers the server gave with the code `code` (`INFO
+    /// errorstats`, `errorstat_<code>:count=N`; e.g. `"NOSCRIPT"`); 0 if
+    /// none.
+    pub fn error_count(&self, code: &str) -> u64 {
+        let info = self.info("errorstats");
+        info_field(&info, &format!("errorstat_{code}"))
+            .and_then(|fields| fields.strip_prefix("count="))
+            .and_then(|n| n.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// `CONFIG RESETSTAT` (clears commandstats, among others).
     pub fn reset_stats(&self) {
         self.expect_ok(&["CONFIG", "RESETSTAT"]);

@@ -5,9 +5,11 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
 
 use super::RedisStore;
 use super::notifier::PubSubSource;
+use super::scripts::preloaded;
 use super::source::{Conn, NodeTimeouts, Source};
 use crate::error::{Chain, ConfigError, Error, Operation};
 use crate::sync::lock;
@@ -30,6 +32,27 @@ pub(super) fn sources(
         Source::Cluster(Box::new(client)),
         Some(PubSubSource::Cluster(nodes, timeouts)),
     ))
+}
+
+/// Loads every script the store runs (see [`preloaded`]) on every primary
+/// `conn` knows, each script's `SCRIPT LOAD` sent to all of them at once:
+/// the first use of a script on a node pays no `NOSCRIPT` answer. The
+/// primaries are the nodes the eviction check reads too, as every new
+/// cluster connection does: a silent primary holds up both alike, within
+/// the command timeout.
+pub(super) async fn load_on_primaries(conn: &ClusterConnection) -> redis::RedisResult<()> {
+    use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+    let loads = preloaded().map(|src| {
+        let mut conn = conn.clone();
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(src);
+        let everywhere = RoutingInfo::MultiNode((
+            MultipleNodeRoutingInfo::AllMasters,
+            Some(ResponsePolicy::AllSucceeded),
+        ));
+        async move { conn.route_command(load, everywhere).await }
+    });
+    futures_util::future::try_join_all(loads).await.map(drop)
 }
 
 impl RedisStore {
@@ -88,7 +111,8 @@ impl RedisStore {
     }
 
     /// Opens a new cluster connection (which reads the slot map from the
-    /// seed nodes) and checks its primaries' eviction policy, within the
+    /// seed nodes), loads the scripts on its primaries and checks their
+    /// eviction policy, within the
     /// command timeout, and puts it in place of the current one; calls
     /// meanwhile go on over the current one. On a failure the current one
     /// stays (and the next tick, or the next timeout, tries again).
@@ -97,12 +121,12 @@ impl RedisStore {
             return;
         };
         let open = async {
-            let mut conn = Conn::Cluster(Box::new(
-                client
-                    .get_async_connection()
-                    .await
-                    .map_err(|e| Error::from_redis(Operation::Connect, None, e))?,
-            ));
+            let redis_err = |e| Error::from_redis(Operation::Connect, None, e);
+            let conn = client.get_async_connection().await.map_err(redis_err)?;
+            // A primary new since the last read (a replica promoted by a
+            // failover, a node added) has none of the scripts yet.
+            load_on_primaries(&conn).await.map_err(redis_err)?;
+            let mut conn = Conn::Cluster(Box::new(conn));
             self.check_eviction(&mut conn, Operation::Connect, None)
                 .await?;
             Ok::<_, Error>(conn)

@@ -7,7 +7,9 @@ use redis::RedisError;
 use redis::aio::MultiplexedConnection;
 
 use super::RedisStore;
-use super::scripts::PRELOADED;
+#[cfg(feature = "cluster")]
+use super::cluster::load_on_primaries;
+use super::scripts::preloaded;
 use super::server::Server;
 use super::source::{Conn, Source, timeout_error, unbounded_responses};
 #[cfg(feature = "cluster")]
@@ -87,16 +89,23 @@ impl RedisStore {
             c.set_response_timeout(self.inner.timeout.saturating_add(Duration::from_secs(1)));
         }
         let mut server = None;
+        // Every script loaded with the connection, so that no first use
+        // pays for a NOSCRIPT answer (see `preloaded`). (EVALSHA still
+        // falls back to loading if the script cache is flushed; on a
+        // cluster that fallback loads them where they are needed.)
+        #[cfg(feature = "cluster")]
+        if let Conn::Cluster(c) = &conn {
+            load_on_primaries(c)
+                .await
+                .map_err(|e| Error::from_redis(op, key, e))?;
+        }
         #[cfg_attr(not(feature = "cluster"), allow(irrefutable_let_patterns))]
         if let Conn::Single(_) = conn {
-            // Load the scripts once per connection, in one round trip, so
-            // that first uses do not pay for a NOSCRIPT answer. (EVALSHA
-            // still falls back to loading if the script cache is flushed; on
-            // a cluster that fallback loads them where they are needed.)
-            // In the same round trip, which server this is (server.rs).
+            // In one round trip, and in the same one, which server this
+            // is (server.rs).
             let mut load = redis::pipe();
             load.ignore_errors();
-            for src in PRELOADED {
+            for src in preloaded() {
                 load.cmd("SCRIPT").arg("LOAD").arg(src);
             }
             load.cmd("INFO").arg("server");

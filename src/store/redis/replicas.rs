@@ -390,6 +390,11 @@ impl RedisStore {
         key: &LockKey,
         bound: std::time::Duration,
     ) -> Result<Conn, Error> {
+        // The shared connection first, if there is none yet (the first
+        // call of the store is a grant): opening it loads the scripts and
+        // checks the eviction policy, so that this first grant too pays
+        // no NOSCRIPT answer.
+        self.connection(op, Some(key)).await?;
         #[cfg(feature = "cluster")]
         if let super::source::Source::Cluster(client) = &self.inner.source {
             let config = super::source::NodeTimeouts::new(self.inner.timeout).for_waits(bound);

@@ -41,31 +41,18 @@ pub(super) const FINISH_SRC: &str = concat!(
     include_str!("scripts/finish.lua")
 );
 
-pub(super) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_SRC));
-pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_SRC));
-pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SRC));
-pub(super) static FINISH: LazyLock<Script> = LazyLock::new(|| Script::new(FINISH_SRC));
 pub(super) const TRANSFER_SRC: &str = concat!(
     include_str!("scripts/owner.lua"),
     include_str!("scripts/transfer.lua")
 );
-pub(super) static TRANSFER: LazyLock<Script> = LazyLock::new(|| Script::new(TRANSFER_SRC));
 const ACQUIRE_PERMIT_SRC: &str = include_str!("scripts/acquire_permit.lua");
 pub(super) const EXTEND_PERMIT_SRC: &str = include_str!("scripts/extend_permit.lua");
 const RELEASE_PERMIT_SRC: &str = include_str!("scripts/release_permit.lua");
-pub(super) static ACQUIRE_PERMIT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(ACQUIRE_PERMIT_SRC));
-pub(super) static EXTEND_PERMIT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(EXTEND_PERMIT_SRC));
-pub(super) static RELEASE_PERMIT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(RELEASE_PERMIT_SRC));
 const RAISE_FENCE_SRC: &str = concat!(
     include_str!("scripts/owner.lua"),
     include_str!("scripts/raise_fence.lua")
 );
 const ROLLBACK_SRC: &str = include_str!("scripts/rollback.lua");
-pub(super) static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_FENCE_SRC));
-pub(super) static ROLLBACK: LazyLock<Script> = LazyLock::new(|| Script::new(ROLLBACK_SRC));
 /// The renewal of a batch in one call: the owner check (owner.lua), the
 /// bodies of extend.lua and
 /// extend_permit.lua, unchanged, each wrapped as a function of its own
@@ -81,12 +68,8 @@ pub(super) const EXTEND_BATCH_SRC: &str = concat!(
     "\nend\n",
     include_str!("scripts/extend_batch.lua")
 );
-pub(super) static EXTEND_BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_BATCH_SRC));
 const INSPECT_SRC: &str = include_str!("scripts/inspect.lua");
 const FORCE_RELEASE_SRC: &str = include_str!("scripts/force_release.lua");
-pub(super) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_SRC));
-pub(super) static FORCE_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(FORCE_RELEASE_SRC));
 
 /// The multi-key grant: the token rule and the owner check of the single
 /// grant (token.lua, owner.lua) and acquire_all.lua.
@@ -99,41 +82,59 @@ pub(super) const RELEASE_ALL_SRC: &str = concat!(
     include_str!("scripts/owner.lua"),
     include_str!("scripts/release_all.lua")
 );
-pub(super) static ACQUIRE_ALL: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_ALL_SRC));
-pub(super) static RELEASE_ALL: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_ALL_SRC));
 /// The reader-writer lock's grant (either side) and the writer's release.
 const ACQUIRE_RW_SRC: &str = include_str!("scripts/acquire_rw.lua");
 const RELEASE_WRITER_SRC: &str = include_str!("scripts/release_writer.lua");
-pub(super) static ACQUIRE_RW: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_RW_SRC));
-pub(super) static RELEASE_WRITER: LazyLock<Script> =
-    LazyLock::new(|| Script::new(RELEASE_WRITER_SRC));
+
+/// Defines each script the store runs as a `static` built from its source
+/// on first use, and [`ALL`], every one of them with its source: a script
+/// exists only through this list, so none can be left out of what a new
+/// connection loads (`connection.rs`) or of [`source_of`].
+macro_rules! scripts {
+    ($($name:ident = $src:ident;)*) => {
+        $(pub(super) static $name: LazyLock<Script> = LazyLock::new(|| Script::new($src));)*
+
+        /// Every script the store runs, with its source.
+        pub(super) static ALL: &[(&LazyLock<Script>, &str)] = &[$((&$name, $src)),*];
+    };
+}
+
+scripts! {
+    ACQUIRE = ACQUIRE_SRC;
+    EXTEND = EXTEND_SRC;
+    EXTEND_BATCH = EXTEND_BATCH_SRC;
+    TRANSFER = TRANSFER_SRC;
+    RELEASE = RELEASE_SRC;
+    FINISH = FINISH_SRC;
+    RAISE_FENCE = RAISE_FENCE_SRC;
+    ROLLBACK = ROLLBACK_SRC;
+    ACQUIRE_PERMIT = ACQUIRE_PERMIT_SRC;
+    EXTEND_PERMIT = EXTEND_PERMIT_SRC;
+    RELEASE_PERMIT = RELEASE_PERMIT_SRC;
+    INSPECT = INSPECT_SRC;
+    FORCE_RELEASE = FORCE_RELEASE_SRC;
+    ACQUIRE_ALL = ACQUIRE_ALL_SRC;
+    RELEASE_ALL = RELEASE_ALL_SRC;
+    ACQUIRE_RW = ACQUIRE_RW_SRC;
+    RELEASE_WRITER = RELEASE_WRITER_SRC;
+}
 
 /// The source of one of the scripts above (for loading it where a call
 /// goes; redis-rs keeps a `Script`'s code to itself).
 pub(super) fn source_of(script: &Script) -> &'static str {
-    let scripts: [(&Script, &'static str); 17] = [
-        (&ACQUIRE, ACQUIRE_SRC),
-        (&EXTEND, EXTEND_SRC),
-        (&EXTEND_BATCH, EXTEND_BATCH_SRC),
-        (&TRANSFER, TRANSFER_SRC),
-        (&RELEASE, RELEASE_SRC),
-        (&FINISH, FINISH_SRC),
-        (&RAISE_FENCE, RAISE_FENCE_SRC),
-        (&ROLLBACK, ROLLBACK_SRC),
-        (&ACQUIRE_PERMIT, ACQUIRE_PERMIT_SRC),
-        (&EXTEND_PERMIT, EXTEND_PERMIT_SRC),
-        (&RELEASE_PERMIT, RELEASE_PERMIT_SRC),
-        (&INSPECT, INSPECT_SRC),
-        (&FORCE_RELEASE, FORCE_RELEASE_SRC),
-        (&ACQUIRE_ALL, ACQUIRE_ALL_SRC),
-        (&RELEASE_ALL, RELEASE_ALL_SRC),
-        (&ACQUIRE_RW, ACQUIRE_RW_SRC),
-        (&RELEASE_WRITER, RELEASE_WRITER_SRC),
-    ];
-    scripts
-        .into_iter()
-        .find(|(s, _)| std::ptr::eq(*s, script))
+    ALL.iter()
+        .find(|(s, _)| std::ptr::eq(&***s, script))
         .map_or("", |(_, src)| src)
+}
+
+/// The sources a new command connection loads up front, in one round trip
+/// (see `connection.rs`): every script the store runs, so that no call's
+/// first use pays for a `NOSCRIPT` answer, a `SCRIPT LOAD` and its call
+/// again (three round trips for one: to a far Redlock node, the time a
+/// short lease's grant needs). Scripts are loaded per server, not per
+/// connection: loading on a server that has them only checks their SHA1.
+pub(super) fn preloaded() -> impl Iterator<Item = &'static str> {
+    ALL.iter().map(|(_, src)| *src)
 }
 
 /// A connection a script can be loaded on where a call of it goes.
@@ -151,17 +152,6 @@ impl LoadFor for redis::aio::MultiplexedConnection {
         script.load_async(self).await.map(drop)
     }
 }
-
-/// The scripts every command connection loads up front (in one round trip,
-/// so that first uses do not pay for a `NOSCRIPT` answer): the lock's
-/// grant, renewal (alone and the watchdog's batches), release and finish.
-pub(super) const PRELOADED: [&str; 5] = [
-    ACQUIRE_SRC,
-    EXTEND_SRC,
-    EXTEND_BATCH_SRC,
-    RELEASE_SRC,
-    FINISH_SRC,
-];
 
 /// One `ARGV` value of a script call: the kinds the scripts take, each of a
 /// known length, so that a call's command is sized before it is written.
