@@ -37,11 +37,15 @@ impl RedisStore {
     /// Opens the store's connection now, as the first lock would (scripts
     /// loaded, the eviction policy checked), and has the server answer a
     /// `PING`, all within the command timeout: a readiness check at boot
-    /// or behind a `/ready` route. A bad URL, password, certificate, or an
-    /// evicting server under [`EvictionCheck::Refuse`](crate::EvictionCheck::Refuse),
-    /// answers here with the error the first lock would get
-    /// ([`Error::Auth`], [`Error::Unavailable`] with the cause in its
-    /// source chain, …), not at the first request.
+    /// or behind a `/ready` route. A bad URL, password or certificate, a
+    /// server that is down, or one the store refuses, answers here with
+    /// the error the first lock would get, not at the first request:
+    /// [`Error::Auth`], [`Error::Unavailable`] (the cause in its source
+    /// chain), or [`Error::Config`] for a server whose `maxmemory-policy`
+    /// can evict locks (refused by default, see
+    /// [`EvictionCheck`](crate::EvictionCheck)). A server that
+    /// refuses `CONFIG` (an ACL user without `@admin`, a managed service)
+    /// passes: its policy cannot be read, which is logged once.
     ///
     /// ```no_run
     /// use tower_redis_lock::RedisStore;
