@@ -10,9 +10,7 @@ use super::RedisStore;
 use super::scripts::PRELOADED;
 use super::server::Server;
 use super::source::{Conn, Source, timeout_error, unbounded_responses};
-#[cfg(feature = "cluster")]
-use crate::error::ConfigError;
-use crate::error::{Error, Operation};
+use crate::error::{ConfigError, Error, Operation};
 use crate::key::LockKey;
 use crate::sync::lock;
 
@@ -43,7 +41,9 @@ impl RedisStore {
     /// [`Error::Auth`], [`Error::Unavailable`] (the cause in its source
     /// chain), or [`Error::Config`] for a server whose `maxmemory-policy`
     /// can evict locks (refused by default, see
-    /// [`EvictionCheck`](crate::EvictionCheck)). A server that
+    /// [`EvictionCheck`](crate::EvictionCheck)) or on which scripting is
+    /// unavailable (an ACL user without `@scripting`, a server without
+    /// Lua: the store needs `EVAL`/`EVALSHA`/`SCRIPT LOAD`). A server that
     /// refuses `CONFIG` (an ACL user without `@admin`, a managed service)
     /// passes: its policy cannot be read, which is logged once.
     ///
@@ -110,7 +110,7 @@ impl RedisStore {
                 .map_err(|e| Error::from_redis(op, key, e))?;
             let info = answers.pop();
             for loaded in answers {
-                loaded.map_err(|e| Error::from_redis(op, key, e))?;
+                loaded.map_err(|e| script_load_error(op, key, e))?;
             }
             server = match info {
                 Some(Ok(text)) => redis::from_redis_value::<String>(text)
@@ -260,6 +260,25 @@ impl RedisStore {
             }
         }
     }
+}
+
+/// A refused `SCRIPT LOAD`: where the server answered that it will not
+/// run scripts for this user (`NOPERM`: an ACL without `@scripting`) or
+/// at all (an `ERR`: no such command, a server built without Lua), an
+/// [`Error::Config`] naming scripting; anything else (a dropped
+/// connection, a server still loading its data, no password given) as any
+/// other call's error.
+fn script_load_error(op: Operation, key: Option<&LockKey>, e: RedisError) -> Error {
+    if !matches!(e.code(), Some("NOPERM" | "ERR")) {
+        return Error::from_redis(op, key, e);
+    }
+    Error::Config(ConfigError::server(
+        "scripting",
+        format!(
+            "scripting unavailable on this server: {e}; the lock store needs \
+             EVAL/EVALSHA/SCRIPT LOAD (ACL category @scripting)"
+        ),
+    ))
 }
 
 #[cfg(feature = "deadpool")]
