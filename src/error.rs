@@ -277,11 +277,16 @@ impl From<ConfigError> for Error {
     }
 }
 
-/// A setting that is out of range or contradicts another one.
+/// A setting that is out of range or contradicts another one: one of ours,
+/// or the Redis server's (a `maxmemory-policy` that can evict locks,
+/// scripting the server or its ACL user does not allow), which the store
+/// refuses when it connects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     setting: &'static str,
     reason: String,
+    /// The setting is the server's, not one of ours.
+    server: bool,
 }
 
 impl ConfigError {
@@ -289,10 +294,21 @@ impl ConfigError {
         ConfigError {
             setting,
             reason: reason.into(),
+            server: false,
         }
     }
 
-    /// The setting at fault.
+    /// A server the store refuses to use because of its own `setting`
+    /// (`maxmemory-policy`, `scripting`); `reason` names the fix.
+    pub(crate) fn server(setting: &'static str, reason: impl Into<String>) -> Self {
+        ConfigError {
+            server: true,
+            ..ConfigError::new(setting, reason)
+        }
+    }
+
+    /// The setting at fault: a builder setting, or the server's
+    /// (`maxmemory-policy`, `scripting`).
     pub fn setting(&self) -> &'static str {
         self.setting
     }
@@ -300,7 +316,15 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid setting `{}`: {}", self.setting, self.reason)
+        if self.server {
+            write!(
+                f,
+                "the lock store refuses this Redis server: {}",
+                self.reason
+            )
+        } else {
+            write!(f, "invalid setting `{}`: {}", self.setting, self.reason)
+        }
     }
 }
 

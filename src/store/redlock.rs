@@ -136,10 +136,20 @@ impl RedlockStore {
 
     /// [`RedisStore::check`] on every node at once: `Ok` when a quorum of
     /// them answers (the store can grant), else the first node's error
-    /// among those that failed.
+    /// among those that failed. A node the store refuses
+    /// ([`Error::Config`]: an evicting `maxmemory-policy`, scripting
+    /// unavailable) fails the check even with a quorum of others: it is
+    /// not an outage that passes, but a setting to fix (or, for the
+    /// policy, to opt out of on that node's builder).
     pub async fn check(&self) -> Result<(), Error> {
         let answers =
             futures_util::future::join_all(self.nodes.iter().map(RedisStore::check)).await;
+        let (refused, answers): (Vec<_>, Vec<_>) = answers
+            .into_iter()
+            .partition(|a| matches!(a, Err(Error::Config(_))));
+        if let Some(refused) = refused.into_iter().next() {
+            return refused;
+        }
         let ok = answers.iter().filter(|a| a.is_ok()).count();
         if ok >= self.quorum {
             return Ok(());

@@ -287,3 +287,126 @@ async fn redlock_nodes_take_the_acl_user_of_their_urls() {
     let extra = [&["--requirepass", "pw"][..], &ACL_USER].concat();
     redlock_locks_and_refuses(&extra, "locker:lockpw").await;
 }
+
+// --- What the boot check refuses in a server's ACL, and what it does not ---
+
+/// A server with the ACL user `locks` (password `pw`, every key and
+/// channel) given `rules` besides, and a store logged in as it.
+fn acl_store(rules: &[&str]) -> (RedisServer, RedisStore) {
+    let server = RedisServer::start();
+    let user = [
+        &["ACL", "SETUSER", "locks", "on", ">pw", "~*", "&*"][..],
+        rules,
+    ]
+    .concat();
+    assert_eq!(server.cmd(&user).as_string().as_deref(), Some("OK"));
+    let url = format!("redis://locks:pw@127.0.0.1:{}/", server.port());
+    let store = RedisStore::builder(&url)
+        .command_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    (server, store)
+}
+
+/// `err` and its sources, as a log line shows them.
+fn chain(err: &Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = std::error::Error::source(err);
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
+}
+
+/// `err` refuses the server for want of scripting, naming the server's
+/// `answer`, the commands the store needs and the ACL category.
+#[track_caller]
+fn assert_no_scripting(err: &Error, answer: &str) {
+    assert!(
+        matches!(err, Error::Config(c) if c.setting() == "scripting"),
+        "{err:?}"
+    );
+    let text = chain(err);
+    for named in [
+        "scripting unavailable on this server: ",
+        answer,
+        "EVAL/EVALSHA/SCRIPT LOAD",
+        "(ACL category @scripting)",
+    ] {
+        assert!(text.contains(named), "names {named:?}: {text}");
+    }
+}
+
+/// An ACL user without `@scripting` (or only without `SCRIPT LOAD`, which
+/// the store sends when it connects) is refused by the check, with an
+/// error that names scripting, and by the first lock the same way;
+/// nothing is written.
+#[tokio::test]
+async fn a_user_without_scripting_is_refused_at_the_check() {
+    for rules in [&["+@all", "-@scripting"][..], &["+@all", "-script|load"]] {
+        let (server, store) = acl_store(rules);
+        let err = store.check().await.unwrap_err();
+        let answer = "no permissions to run the 'script|load' command";
+        assert_no_scripting(&err, answer);
+        assert!(!err.is_store_failure(), "a setting to fix: {err:?}");
+        assert_no_scripting(&acquire_error(store).await, answer);
+        assert_eq!(server.dbsize(), 0, "{rules:?}");
+    }
+}
+
+/// A server without the scripting commands at all (as a server built
+/// without Lua): here `SCRIPT` renamed away, answered `ERR unknown
+/// command`.
+#[tokio::test]
+async fn a_server_without_scripting_commands_is_refused_at_the_check() {
+    let server = RedisServer::start_with(&["--rename-command", "SCRIPT", ""]);
+    let store = RedisStore::from_url(&server.url()).unwrap();
+    assert_no_scripting(
+        &store.check().await.unwrap_err(),
+        "unknown command 'SCRIPT'",
+    );
+}
+
+/// The same on a Cluster: every primary loads the scripts when the store
+/// connects, and a refusal there is named as on one primary.
+#[tokio::test]
+async fn a_cluster_without_scripting_commands_is_refused_at_the_check() {
+    let cluster = support::topology::Cluster::start_with(3, &["--rename-command", "SCRIPT", ""]);
+    let urls = cluster.urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let store = RedisStore::cluster(&urls).unwrap();
+    assert_no_scripting(
+        &store.check().await.unwrap_err(),
+        "unknown command 'SCRIPT'",
+    );
+}
+
+/// An ACL user without `@admin` (so without `CONFIG`, as on managed
+/// services) passes the check: the eviction policy cannot be read, which
+/// is no reason to refuse the server; it locks.
+#[tokio::test]
+async fn a_user_without_config_passes_the_check_and_locks() {
+    let (server, store) = acl_store(&["+@all", "-@admin"]);
+    let refused = server.cmd(&[
+        "ACL",
+        "DRYRUN",
+        "locks",
+        "CONFIG",
+        "GET",
+        "maxmemory-policy",
+    ]);
+    assert!(
+        refused
+            .as_string()
+            .is_some_and(|s| s.contains("no permissions")),
+        "{refused:?}"
+    );
+    store.check().await.unwrap();
+    let l = Locker::builder(store).build().unwrap();
+    let held = timeout(LIMIT, l.try_acquire(&key()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(held.release().await.unwrap());
+}

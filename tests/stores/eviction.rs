@@ -1,7 +1,9 @@
 //! A server whose `maxmemory-policy` can evict keys with an expiry can
 //! delete a held lock under memory pressure, and let a second holder in. The
-//! store reads the policy when it connects: it logs an error once, or, when
-//! told to, refuses the server. Real servers throughout.
+//! store reads the policy when it connects and, by default, refuses such a
+//! server (`Error::Config` naming the policy and the fix); told to
+//! (`EvictionCheck::Log`), it logs an error once and uses it. Real servers
+//! throughout.
 
 use crate::support;
 
@@ -9,8 +11,8 @@ use std::time::Duration;
 
 use support::RedisServer;
 use support::logs::Logs;
-use support::topology::Cluster;
-use tower_redis_lock::{EvictionCheck, LockKey, Locker, RedisStore};
+use support::topology::{Cluster, SentinelSet};
+use tower_redis_lock::{Error, EvictionCheck, LockKey, Locker, RedisStore};
 
 fn key(id: &str) -> LockKey {
     LockKey::new("evict", id).unwrap()
@@ -45,17 +47,31 @@ fn store(server: &RedisServer, check: EvictionCheck) -> RedisStore {
         .unwrap()
 }
 
+/// `err` is the refusal of an evicting server: `Error::Config` on the
+/// server's `maxmemory-policy`, naming `policy` and both ways out.
+#[track_caller]
+fn assert_refused(err: &Error, policy: &str) {
+    let Error::Config(config) = err else {
+        panic!("not a refused setting: {err:?}");
+    };
+    assert_eq!(config.setting(), "maxmemory-policy", "{err}");
+    let text = err.to_string();
+    for named in [
+        &format!("`{policy}`"),
+        "CONFIG SET maxmemory-policy noeviction",
+        ".eviction_check(EvictionCheck::Log)",
+    ] {
+        assert!(text.contains(named), "the refusal names {named}: {text}");
+    }
+}
+
 #[tokio::test]
-async fn a_store_told_to_refuses_a_server_that_can_evict_locks() {
+async fn an_evicting_server_is_refused_by_default() {
     let server = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
-    let l = locker(store(&server, EvictionCheck::Refuse));
+    // No `eviction_check` setting: the default refuses.
+    let l = locker(RedisStore::from_url(&server.url()).unwrap());
     let err = l.try_acquire(&key("a")).await.unwrap_err();
-    assert!(err.is_store_failure(), "{err:?}");
-    let text = format!("{err:?} {err}");
-    assert!(
-        text.contains("allkeys-lru"),
-        "the refusal names the policy: {text}"
-    );
+    assert_refused(&err, "allkeys-lru");
     assert_eq!(
         server.dbsize(),
         0,
@@ -71,7 +87,7 @@ async fn a_store_told_to_refuses_a_server_that_can_evict_locks() {
     ] {
         server.cmd(&["CONFIG", "SET", "maxmemory-policy", policy]);
         let err = l.try_acquire(&key("a")).await.unwrap_err();
-        assert!(format!("{err:?}").contains(policy), "{policy}: {err:?}");
+        assert_refused(&err, policy);
     }
     assert_eq!(server.dbsize(), 0);
 
@@ -82,12 +98,12 @@ async fn a_store_told_to_refuses_a_server_that_can_evict_locks() {
 }
 
 #[tokio::test]
-async fn an_evicting_server_is_logged_once_at_error_level_and_used() {
+async fn opted_out_an_evicting_server_is_logged_once_at_error_level_and_used() {
     // `allkeys-lfu`: no other test of this binary uses it, and the logs are
     // the binary's (see `Logs::global`).
     let server = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lfu"]);
     let logs = Logs::global();
-    let l = locker(store(&server, EvictionCheck::default()));
+    let l = locker(store(&server, EvictionCheck::Log));
     for _ in 0..3 {
         lock_once(&l, &key("b")).await;
         // Drop the store's connection: the next call opens and checks anew.
@@ -151,25 +167,50 @@ async fn every_primary_of_a_cluster_is_checked() {
     cluster.nodes[2].cmd(&["CONFIG", "SET", "maxmemory-policy", "allkeys-random"]);
     let urls = cluster.urls();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    // The default refuses, on a Cluster too.
     let l = locker(
         RedisStore::cluster_builder(&urls)
             .command_timeout(Duration::from_secs(2))
-            .eviction_check(EvictionCheck::Refuse)
             .build()
             .unwrap(),
     );
     let err = l.try_acquire(&key("f")).await.unwrap_err();
-    assert!(format!("{err:?}").contains("allkeys-random"), "{err:?}");
+    assert_refused(&err, "allkeys-random");
     cluster.nodes[2].cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
     let g = l.try_acquire(&key("f")).await.unwrap();
     assert!(g.release().await.unwrap());
 }
 
+/// The default refuses behind Sentinel and over a pool too: every store
+/// that opens a connection of its own checks the policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_and_pool_stores_refuse_an_evicting_server_by_default() {
+    let set = SentinelSet::start();
+    set.primary
+        .cmd(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"]);
+    let urls = set.sentinel_urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let sentinel = RedisStore::sentinel(&urls, &set.master_name).unwrap();
+    assert_refused(&sentinel.check().await.unwrap_err(), "volatile-lru");
+
+    let pool = tower_redis_lock::deadpool_redis::Config::from_url(set.primary.url())
+        .create_pool(Some(tower_redis_lock::deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let pooled = RedisStore::new(pool);
+    assert_refused(&pooled.check().await.unwrap_err(), "volatile-lru");
+
+    set.primary
+        .cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    sentinel.check().await.unwrap();
+    pooled.check().await.unwrap();
+}
+
 /// `RedisStore::check` finds at boot what the first lock would find: a
 /// server that answers (and the connection is then open: the first lock
-/// opens no other), a refused eviction policy, a wrong password, a server
-/// that is down (within the command timeout); `RedlockStore::check` asks for
-/// a quorum of answering nodes.
+/// opens no other), an evicting policy (refused by default, passed when
+/// opted out), a wrong password, a server that is down (within the command
+/// timeout); `RedlockStore::check` asks for a quorum of answering nodes,
+/// and fails on any node the store refuses.
 #[tokio::test]
 async fn a_check_at_boot_finds_what_the_first_lock_would() {
     use tower_redis_lock::{Error, RedlockStore};
@@ -192,19 +233,17 @@ async fn a_check_at_boot_finds_what_the_first_lock_would() {
         server.connected_clients()
     );
 
+    // README's boot code, as it is: `from_url`, then `check`.
     let evicting = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
-    let err = store(&evicting, EvictionCheck::Refuse)
+    let err = RedisStore::from_url(&evicting.url())
+        .unwrap()
         .check()
         .await
         .unwrap_err();
-    assert!(err.is_store_failure(), "{err:?}");
-    let mut chain = err.to_string();
-    let mut cause = std::error::Error::source(&err);
-    while let Some(c) = cause {
-        chain.push_str(&format!(": {c}"));
-        cause = c.source();
-    }
-    assert!(chain.contains("maxmemory"), "{chain}");
+    assert_refused(&err, "allkeys-lru");
+    assert!(!err.is_store_failure(), "a setting to fix, not an outage");
+    // Opted out: the check passes (and the policy is logged).
+    store(&evicting, EvictionCheck::Log).check().await.unwrap();
 
     let guarded = RedisServer::start_with(&["--requirepass", "right"]);
     let url = format!("redis://:wrong@127.0.0.1:{}/", guarded.port());
@@ -233,4 +272,16 @@ async fn a_check_at_boot_finds_what_the_first_lock_would() {
     two_of_three.check().await.unwrap();
     let one_of_three = RedlockStore::new(vec![node(&a.url()), node(&url), node(&url)]).unwrap();
     assert!(one_of_three.check().await.unwrap_err().is_store_failure());
+    // A node the store refuses fails the check, quorum or not; its own
+    // builder's opt-out lets it pass.
+    let refused =
+        RedlockStore::new(vec![node(&a.url()), node(&b.url()), node(&evicting.url())]).unwrap();
+    assert_refused(&refused.check().await.unwrap_err(), "allkeys-lru");
+    let opted_out = RedlockStore::new(vec![
+        node(&a.url()),
+        node(&b.url()),
+        store(&evicting, EvictionCheck::Log),
+    ])
+    .unwrap();
+    opted_out.check().await.unwrap();
 }

@@ -50,7 +50,9 @@ pub(super) async fn load_on_primaries(conn: &ClusterConnection) -> redis::RedisR
             MultipleNodeRoutingInfo::AllMasters,
             Some(ResponsePolicy::AllSucceeded),
         ));
-        async move { conn.route_command(load, everywhere).await }
+        // (A node's refusal may come back as an error value, not an
+        // error: taken out, so that it fails the load.)
+        async move { conn.route_command(load, everywhere).await?.extract_error() }
     });
     futures_util::future::try_join_all(loads).await.map(drop)
 }

@@ -12,9 +12,7 @@ use super::cluster::load_on_primaries;
 use super::scripts::preloaded;
 use super::server::Server;
 use super::source::{Conn, Source, timeout_error, unbounded_responses};
-#[cfg(feature = "cluster")]
-use crate::error::ConfigError;
-use crate::error::{Error, Operation};
+use crate::error::{ConfigError, Error, Operation};
 use crate::key::LockKey;
 use crate::sync::lock;
 
@@ -39,11 +37,17 @@ impl RedisStore {
     /// Opens the store's connection now, as the first lock would (scripts
     /// loaded, the eviction policy checked), and has the server answer a
     /// `PING`, all within the command timeout: a readiness check at boot
-    /// or behind a `/ready` route. A bad URL, password, certificate, or an
-    /// evicting server under [`EvictionCheck::Refuse`](crate::EvictionCheck::Refuse),
-    /// answers here with the error the first lock would get
-    /// ([`Error::Auth`], [`Error::Unavailable`] with the cause in its
-    /// source chain, …), not at the first request.
+    /// or behind a `/ready` route. A bad URL, password or certificate, a
+    /// server that is down, or one the store refuses, answers here with
+    /// the error the first lock would get, not at the first request:
+    /// [`Error::Auth`], [`Error::Unavailable`] (the cause in its source
+    /// chain), or [`Error::Config`] for a server whose `maxmemory-policy`
+    /// can evict locks (refused by default, see
+    /// [`EvictionCheck`](crate::EvictionCheck)) or on which scripting is
+    /// unavailable (an ACL user without `@scripting`, a server without
+    /// Lua: the store needs `EVAL`/`EVALSHA`/`SCRIPT LOAD`). A server that
+    /// refuses `CONFIG` (an ACL user without `@admin`, a managed service)
+    /// passes: its policy cannot be read, which is logged once.
     ///
     /// ```no_run
     /// use tower_redis_lock::RedisStore;
@@ -97,7 +101,7 @@ impl RedisStore {
         if let Conn::Cluster(c) = &conn {
             load_on_primaries(c)
                 .await
-                .map_err(|e| Error::from_redis(op, key, e))?;
+                .map_err(|e| script_load_error(op, key, e))?;
         }
         #[cfg_attr(not(feature = "cluster"), allow(irrefutable_let_patterns))]
         if let Conn::Single(_) = conn {
@@ -115,7 +119,7 @@ impl RedisStore {
                 .map_err(|e| Error::from_redis(op, key, e))?;
             let info = answers.pop();
             for loaded in answers {
-                loaded.map_err(|e| Error::from_redis(op, key, e))?;
+                loaded.map_err(|e| script_load_error(op, key, e))?;
             }
             server = match info {
                 Some(Ok(text)) => redis::from_redis_value::<String>(text)
@@ -265,6 +269,25 @@ impl RedisStore {
             }
         }
     }
+}
+
+/// A refused `SCRIPT LOAD`: where the server answered that it will not
+/// run scripts for this user (`NOPERM`: an ACL without `@scripting`) or
+/// at all (an `ERR`: no such command, a server built without Lua), an
+/// [`Error::Config`] naming scripting; anything else (a dropped
+/// connection, a server still loading its data, no password given) as any
+/// other call's error.
+fn script_load_error(op: Operation, key: Option<&LockKey>, e: RedisError) -> Error {
+    if !matches!(e.code(), Some("NOPERM" | "ERR")) {
+        return Error::from_redis(op, key, e);
+    }
+    Error::Config(ConfigError::server(
+        "scripting",
+        format!(
+            "scripting unavailable on this server: {e}; the lock store needs \
+             EVAL/EVALSHA/SCRIPT LOAD (ACL category @scripting)"
+        ),
+    ))
 }
 
 #[cfg(feature = "deadpool")]

@@ -3,7 +3,7 @@
 
 use super::RedisStore;
 use super::source::Conn;
-use crate::error::{Error, Operation};
+use crate::error::{ConfigError, Error, Operation};
 use crate::key::LockKey;
 use crate::sync::lock;
 
@@ -14,18 +14,28 @@ use crate::sync::lock;
 /// refuses writes (the store answers [`Error::Unavailable`]) instead of
 /// forgetting locks.
 ///
+/// By default ([`Refuse`](Self::Refuse)) such a server is refused:
+/// [`RedisStore::check`] and every call fail with [`Error::Config`] naming
+/// the policy and the fix (`CONFIG SET maxmemory-policy noeviction`), until
+/// the policy is changed. [`Log`](Self::Log) is the opt-out: log an error
+/// and use the server anyway.
+///
 /// The policy is read with `CONFIG GET` each time the store opens a command
 /// connection (on a Cluster, from every primary); a server that refuses
-/// `CONFIG` (some managed services do) is reported once at warn level and
-/// used: there is nothing to check.
+/// `CONFIG` (an ACL user without `@admin`, some managed services) is
+/// reported once at warn level and used: there is nothing to check.
+/// A [`RedlockStore`](crate::RedlockStore) is made of `RedisStore`s: each
+/// node store has the setting its own builder gave it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum EvictionCheck {
-    /// Log an error (once per policy) and use the server (default).
-    #[default]
+    /// Log an error (once per policy) and use the server: the opt-out, for
+    /// a server whose policy you cannot change and whose memory you watch.
     Log,
-    /// Refuse the server: every call fails with [`Error::Unavailable`]
-    /// naming the policy, until the policy is changed.
+    /// Refuse the server (default): every call, and
+    /// [`RedisStore::check`], fails with [`Error::Config`] naming the
+    /// policy, until the policy is changed.
+    #[default]
     Refuse,
     /// Do not read the policy.
     Off,
@@ -111,15 +121,16 @@ impl RedisStore {
                     );
                 }
                 if refuse {
-                    return Err(Error::Unavailable {
-                        op,
-                        key: key.cloned(),
-                        source: format!(
-                            "the server's maxmemory-policy `{policy}` can evict held locks; \
-                             the store refuses it (EvictionCheck::Refuse): set `noeviction`"
-                        )
-                        .into(),
-                    });
+                    return Err(Error::Config(ConfigError::server(
+                        "maxmemory-policy",
+                        format!(
+                            "its maxmemory-policy `{policy}` can evict held locks (a second \
+                             holder then gets in while the first still runs): run \
+                             `CONFIG SET maxmemory-policy noeviction` on it (and set it in its \
+                             config file), or opt out with `.eviction_check(EvictionCheck::Log)` \
+                             on the store's builder"
+                        ),
+                    )));
                 }
                 Ok(())
             }

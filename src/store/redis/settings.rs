@@ -36,7 +36,7 @@ const MAX_COMMAND_TIMEOUT: Duration = Duration::from_secs(3600);
 /// let store = RedisStore::builder("redis://127.0.0.1:6379/")
 ///     .prefix("billing")
 ///     .command_timeout(Duration::from_millis(500))
-///     .eviction_check(EvictionCheck::Refuse)
+///     .eviction_check(EvictionCheck::Log) // an evicting server: log, not refuse
 ///     .build()?;
 /// # let _ = store;
 /// # Ok(())
@@ -407,7 +407,9 @@ impl RedisStoreBuilder {
     }
 
     /// What to do on a server whose `maxmemory-policy` can evict locks (see
-    /// [`EvictionCheck`]; default [`EvictionCheck::Log`]).
+    /// [`EvictionCheck`]): by default ([`EvictionCheck::Refuse`]) the store
+    /// refuses it with [`Error::Config`](crate::Error::Config);
+    /// `.eviction_check(EvictionCheck::Log)` logs an error and uses it.
     pub fn eviction_check(mut self, check: EvictionCheck) -> Self {
         self.settings.eviction_check = check;
         self
