@@ -219,10 +219,6 @@ async fn a_permit<F: Frozen>(how: GiveUp) {
     let (server, gives_up, other) = start::<F>().await;
     let k = key("permit");
     let sem = gives_up.semaphore(&k, 1).unwrap();
-    // (Each kind's scripts loaded before: the test is about a grant that
-    // runs late, not one refused as NOSCRIPT.)
-    let warm = gives_up.semaphore(&key("warm"), 1).unwrap();
-    warm.try_acquire().await.unwrap().release().await.unwrap();
     abandoned_during_a_freeze(&server, how, sem.try_acquire()).await;
     let theirs = other.semaphore(&k, 1).unwrap();
     let freed = gets_in(async || theirs.try_acquire().await).await;
@@ -238,8 +234,6 @@ async fn a_read<F: Frozen>(how: GiveUp) {
     let (server, gives_up, other) = start::<F>().await;
     let k = key("read");
     let rw = gives_up.rwlock(&k);
-    let warm = gives_up.rwlock(&key("warm"));
-    warm.try_read().await.unwrap().release().await.unwrap();
     abandoned_during_a_freeze(&server, how, rw.try_read()).await;
     let theirs = other.rwlock(&k);
     let freed = gets_in(async || theirs.try_write().await).await;
@@ -255,8 +249,6 @@ async fn a_write<F: Frozen>(how: GiveUp) {
     let (server, gives_up, other) = start::<F>().await;
     let k = key("write");
     let rw = gives_up.rwlock(&k);
-    let warm = gives_up.rwlock(&key("warm"));
-    warm.try_write().await.unwrap().release().await.unwrap();
     abandoned_during_a_freeze(&server, how, rw.try_write()).await;
     let theirs = other.rwlock(&k);
     let freed = gets_in(async || theirs.try_read().await).await;
@@ -276,14 +268,6 @@ async fn a_writers_mark<F: Frozen>(how: GiveUp) {
     let theirs = other.rwlock(&k);
     let reading = theirs.try_read().await.unwrap();
     let rw = gives_up.rwlock(&k);
-    let warm = gives_up.rwlock(&key("warm"));
-    let warm_read = warm.try_read().await.unwrap();
-    let refused = warm.write_within(Duration::from_millis(1)).await;
-    assert!(
-        matches!(refused, Err(Error::WaitTimeout { .. })),
-        "{refused:?}"
-    );
-    warm_read.release().await.unwrap();
     abandoned_during_a_freeze(&server, how, rw.write_within(Duration::from_secs(5))).await;
     let joined = gets_in(async || theirs.try_read().await).await;
     assert!(
@@ -298,14 +282,6 @@ async fn a_writers_mark<F: Frozen>(how: GiveUp) {
 async fn several_keys<F: Frozen>(how: GiveUp) {
     let (server, gives_up, other) = start::<F>().await;
     let keys = [key("multi-a"), key("multi-b"), key("multi-c")];
-    let warm = [key("warm-a"), key("warm-b")];
-    gives_up
-        .acquire_all(&warm)
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
     abandoned_during_a_freeze(&server, how, gives_up.acquire_all(&keys)).await;
     for k in &keys {
         let freed = gets_in(async || other.try_acquire(k).await).await;
@@ -326,8 +302,6 @@ async fn a_hand_off<F: Frozen>(how: GiveUp) {
     let token = guard.fencing_token().unwrap();
     let exported = serde_json::to_string(&guard.export().unwrap()).unwrap();
     let lease = || serde_json::from_str(&exported).unwrap();
-    let warm = web.acquire(&key("warm")).await.unwrap().export().unwrap();
-    worker.resume(warm).await.unwrap().release().await.unwrap();
     abandoned_during_a_freeze(&server, how, worker.resume(lease())).await;
     let mut last = None;
     let resumed = eventually(BUDGET, async || match worker.resume(lease()).await {
