@@ -14,11 +14,12 @@ use std::time::Duration;
 
 use tower_redis_lock::{AcquireOutcome, Error, LockKey, LockStore, Locker, OwnerToken};
 
-/// A lease meant to lapse soon. Long enough that a grant on a loaded
+/// A lease meant to lapse soon; the tests wait for its end on the
+/// condition, not by sleeping. Long enough that a grant on a loaded
 /// machine still counts: Redlock refuses a grant that took longer than
 /// the lease's validity (30 ms once took 36 ms for five nodes while the
-/// machine compiled).
-const SHORT_LEASE: Duration = Duration::from_millis(100);
+/// machine compiled; 100 ms took 100.9 ms on Valkey at load average 8-11).
+const SHORT_LEASE: Duration = Duration::from_secs(1);
 
 fn key(id: &str) -> LockKey {
     LockKey::new("conf", id).unwrap()
@@ -71,12 +72,15 @@ macro_rules! conformance {
                 let (store, _keep) = $fixture;
                 let k = key("tokens");
                 let mut last = 0u64;
+                // Every fifth round's lease is left to expire: each costs
+                // a short lease, which is a second (see `SHORT_LEASE`).
+                let expires = |round: u32| round % 5 == 4;
                 for round in 0..40 {
                     let owner = OwnerToken::generate();
-                    let lease = if round % 2 == 0 {
-                        Duration::from_secs(10)
-                    } else {
+                    let lease = if expires(round) {
                         SHORT_LEASE
+                    } else {
+                        Duration::from_secs(10)
                     };
                     let t = match store.acquire(&k, &owner, lease).await.unwrap() {
                         AcquireOutcome::Granted(t) => t.get(),
@@ -84,7 +88,7 @@ macro_rules! conformance {
                     };
                     assert!(t > last, "round {round}: token {t} after {last}");
                     last = t;
-                    if round % 2 == 0 {
+                    if !expires(round) {
                         assert!(store.release(&k, &owner).await.unwrap());
                     } else {
                         // Let it expire instead of releasing it.
@@ -112,7 +116,8 @@ macro_rules! conformance {
                 let (store, _keep) = $fixture;
                 let (old, new) = (OwnerToken::generate(), OwnerToken::generate());
                 let k = key("stale-release");
-                store.acquire(&k, &old, SHORT_LEASE).await.unwrap();
+                let first = store.acquire(&k, &old, SHORT_LEASE).await.unwrap();
+                assert!(matches!(first, AcquireOutcome::Granted(_)), "{first:?}");
                 assert!(
                     eventually(Duration::from_secs(5), async || matches!(
                         store.acquire(&k, &new, Duration::from_secs(10)).await,
@@ -140,10 +145,11 @@ macro_rules! conformance {
                 let (store, _keep) = $fixture;
                 let (a, b) = (OwnerToken::generate(), OwnerToken::generate());
                 let k = key("extend");
-                store
-                    .acquire(&k, &a, Duration::from_millis(200))
-                    .await
-                    .unwrap();
+                // A 3 s lease, so that it cannot lapse before the owner's
+                // extend on a loaded machine; extended to 10 s, which the
+                // "more than 5 s left" below tells apart from it.
+                let first = store.acquire(&k, &a, Duration::from_secs(3)).await.unwrap();
+                assert!(matches!(first, AcquireOutcome::Granted(_)), "{first:?}");
                 assert!(!store.extend(&k, &b, Duration::from_secs(10)).await.unwrap());
                 assert!(store.extend(&k, &a, Duration::from_secs(10)).await.unwrap());
                 match store.acquire(&k, &b, Duration::from_secs(1)).await.unwrap() {
@@ -272,10 +278,11 @@ macro_rules! conformance {
             #[tokio::test]
             async fn the_hold_cap_ends_the_lock_and_reports_it_lost() {
                 let (store, _keep) = $fixture;
-                // A lease of 600 ms, renewed every 200 ms: a renewal late
-                // by 150 ms on a loaded machine does not end it before the
-                // cap (with 150 ms it did, in a CI run beside other lanes).
-                let (lease, cap) = (Duration::from_millis(600), Duration::from_millis(1_500));
+                // A lease of 1.2 s, renewed every 400 ms: a renewal late
+                // by 800 ms on a loaded machine does not end it before the
+                // cap (with 150 ms it did, in a CI run beside other lanes;
+                // 600 ms left 400 ms of slack), as in the watchdog's test.
+                let (lease, cap) = (Duration::from_millis(1_200), Duration::from_millis(2_400));
                 let l = Locker::builder(store)
                     .lease(lease)
                     .max_hold(cap)
@@ -322,10 +329,21 @@ macro_rules! conformance {
                 let (store, _keep) = $fixture;
                 let l = locker(store, 5_000, 0);
                 let g = l.acquire(&key("guard-extend")).await.unwrap();
-                let before = g.valid_for();
-                assert!(eventually(Duration::from_secs(5), async || g.valid_for() < before).await);
+                // Where the validity ends: an extend sent 20 ms or more
+                // after the grant moves it at least that much later,
+                // however long either call took to answer. (It compared
+                // what was left just after each answer, 5 ms apart at
+                // most: a slower answer to the extend failed it.)
+                let ends = || tokio::time::Instant::now() + g.valid_for();
+                let granted_until = ends();
+                tokio::time::sleep(Duration::from_millis(20)).await;
                 g.extend().await.unwrap();
-                assert!(g.valid_for() >= before - Duration::from_millis(5));
+                let extended_until = ends();
+                assert!(
+                    extended_until >= granted_until + Duration::from_millis(10),
+                    "the extend moved the validity's end by {:?}",
+                    extended_until.saturating_duration_since(granted_until)
+                );
                 assert!(g.clone().release().await.unwrap());
                 assert!(matches!(g.extend().await, Err(Error::LockLost { .. })));
             }
@@ -399,10 +417,11 @@ macro_rules! conformance {
                 let (store, _keep) = $fixture;
                 let (old, new) = (OwnerToken::generate(), OwnerToken::generate());
                 let k = key("finish-stale");
-                store
+                let first = store
                     .acquire_or_replay(&k, &old, SHORT_LEASE)
                     .await
                     .unwrap();
+                assert!(matches!(first, AcquireOutcome::Granted(_)), "{first:?}");
                 assert!(
                     eventually(Duration::from_secs(5), async || matches!(
                         store

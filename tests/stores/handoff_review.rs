@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use tower_redis_lock::{Error, ExportedLease, LockKey, LockStore, Locker};
 
-const LEASE: Duration = Duration::from_millis(600);
+/// Nobody renews an exported lease until it is resumed: long enough that
+/// the resume comes within it on a loaded machine.
+const LEASE: Duration = Duration::from_millis(1_200);
 
 fn key(id: &str) -> LockKey {
     LockKey::new("handoff-review", id).unwrap()

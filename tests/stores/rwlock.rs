@@ -221,7 +221,6 @@ macro_rules! rwlock_suite {
                 let long = Duration::from_secs(20);
                 store.acquire_read(&k, &reader, long).await.unwrap();
                 let short = Duration::from_millis(300);
-                let start = Instant::now();
                 let (a, a_waits) = (OwnerToken::generate(), OwnerToken::generate());
                 let (b, b_waits) = (OwnerToken::generate(), OwnerToken::generate());
                 let got = store
@@ -229,13 +228,16 @@ macro_rules! rwlock_suite {
                     .await
                     .unwrap();
                 assert!(matches!(got, AcquireOutcome::Held { .. }), "{got:?}");
+                // The short mark ends `short` after it was set at the
+                // latest, however late its answer came.
+                let short_set = Instant::now();
                 let got = store
                     .acquire_write(&k, &b, Some(&b_waits), long)
                     .await
                     .unwrap();
                 assert!(matches!(got, AcquireOutcome::Held { .. }), "{got:?}");
                 // (The short mark's end passes.)
-                tokio::time::sleep_until((start + short * 2).into()).await;
+                tokio::time::sleep_until((short_set + short + short / 10).into()).await;
                 let other = OwnerToken::generate();
                 let got = store.acquire_read(&k, &other, long).await.unwrap();
                 assert!(matches!(got, AcquireOutcome::Held { .. }), "{got:?}");

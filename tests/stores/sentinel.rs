@@ -41,8 +41,12 @@ async fn acquire_eventually(l: &Locker<RedisStore>, k: &LockKey) -> tower_redis_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_grants_follow_a_failover_and_tokens_never_go_backwards() {
     let set = SentinelSet::start();
+    // Every grant must be confirmed by the replica: a confirmation answers
+    // as soon as it comes, so the bound is one a loaded machine meets
+    // (200 ms within a 300 ms command timeout was not, in replicas.rs).
     let st = builder(&set)
-        .wait_replicas(1, Duration::from_millis(200), ReplicaShortfall::Fail)
+        .command_timeout(Duration::from_secs(3))
+        .wait_replicas(1, Duration::from_secs(2), ReplicaShortfall::Fail)
         .build()
         .unwrap();
     let l = Locker::builder(st)
@@ -223,9 +227,10 @@ async fn a_frozen_first_sentinel_does_not_keep_a_short_timeout_store_from_connec
         .build()
         .unwrap();
     let l = Locker::new(st);
-    // Each try is bounded by the command timeout; a few tries leave room
-    // for a loaded machine, not for a 500 ms wait per lookup.
-    let bound = command_timeout * 4;
+    // Each try is bounded by the command timeout, which a lookup that
+    // waits 500 ms for the frozen Sentinel runs into every time. Ten tries
+    // leave room for a loaded machine (four did, tightly).
+    let bound = command_timeout * 10;
     let started = std::time::Instant::now();
     let mut last = None;
     let g = support::eventually_some(bound, async || {
