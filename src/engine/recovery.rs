@@ -48,8 +48,8 @@ const PAUSE_FIRST: Duration = Duration::from_millis(50);
 /// Longest pause between two rounds: the store is probed, and what waits
 /// undone, at least this often.
 const PAUSE_MAX: Duration = Duration::from_secs(1);
-/// How long after an undo found nothing, following a failure, it is run
-/// again (see the module's docs).
+/// How long after an undo found nothing it is run again, once (see the
+/// module's docs).
 pub(crate) const SETTLE: Duration = Duration::from_millis(250);
 /// Rounds an undo may fail while the store answers its check before it is
 /// given up.
