@@ -588,7 +588,7 @@ impl Kind {
     }
 
     /// Whether `store` has this kind: Redlock has neither permits nor
-    /// reader-writer locks (its answer is "not supported"); one primary,
+    /// reader-writer locks (`LockStore::supports`: refused when made); one primary,
     /// Sentinel and a Cluster have every kind.
     fn on(self, store: &str) -> bool {
         store != "redlock" || matches!(self, Kind::Lock | Kind::Multi)

@@ -277,7 +277,7 @@ async fn acquires_are_counted_by_lease_kind() {
         .try_acquire()
         .await
         .unwrap();
-    let rw = locker.rwlock(&key("k"));
+    let rw = locker.rwlock(&key("k")).unwrap();
     let read = rw.try_read().await.unwrap();
     assert!(rw.try_write().await.is_err());
     for (kind, outcome, n) in [

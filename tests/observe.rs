@@ -440,7 +440,7 @@ async fn a_permits_spans_name_their_kind() {
 async fn a_rwlocks_spans_name_their_side() {
     let (seen, _guard) = Capture::install();
     let locker = Locker::new(MemoryStore::new());
-    let rw = locker.rwlock(&key("3"));
+    let rw = locker.rwlock(&key("3")).unwrap();
     rw.read().await.unwrap().release().await.unwrap();
     rw.write().await.unwrap().release().await.unwrap();
     settle().await;

@@ -129,6 +129,7 @@ impl Ours {
             }
             Kind::Read => assert!(
                 l.rwlock(&self.rw)
+                    .unwrap()
                     .read()
                     .await
                     .unwrap()
@@ -138,6 +139,7 @@ impl Ours {
             ),
             Kind::Write => assert!(
                 l.rwlock(&self.rw)
+                    .unwrap()
                     .write()
                     .await
                     .unwrap()

@@ -53,8 +53,8 @@ use crate::token::OwnerToken;
 ///   read or write guard they answer [`Error::Config`].
 ///
 /// The memory store and the Redis store (one primary, Sentinel, Cluster)
-/// have reader-writer locks; [`RedlockStore`](crate::RedlockStore) answers
-/// [`Error::Config`] ("not supported").
+/// have reader-writer locks; on [`RedlockStore`](crate::RedlockStore),
+/// [`Locker::rwlock`] answers [`Error::Config`] ([`LockStore::supports`]).
 ///
 /// ```
 /// use std::time::Duration;
@@ -63,7 +63,7 @@ use crate::token::OwnerToken;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tower_redis_lock::Error> {
 /// let locker = Locker::new(MemoryStore::new());
-/// let doc = locker.rwlock(&LockKey::new("docs", "readme")?);
+/// let doc = locker.rwlock(&LockKey::new("docs", "readme")?)?;
 ///
 /// // Readers share it...
 /// let a = doc.try_read().await?;
@@ -99,12 +99,15 @@ impl<S> std::fmt::Debug for ReadWriteLock<S> {
 
 impl<S: LockStore> Locker<S> {
     /// The reader-writer lock of `key` (see [`ReadWriteLock`]). Takes
-    /// nothing yet.
-    pub fn rwlock(&self, key: &LockKey) -> ReadWriteLock<S> {
-        ReadWriteLock {
+    /// nothing yet. Fails with [`Error::Config`] when the store keeps no
+    /// reader-writer locks ([`LockStore::supports`]: Redlock), without
+    /// asking the store.
+    pub fn rwlock(&self, key: &LockKey) -> Result<ReadWriteLock<S>, Error> {
+        crate::store::kind_unsupported(self.store(), LeaseKind::Read)?;
+        Ok(ReadWriteLock {
             locker: self.clone(),
             key: key.clone(),
-        }
+        })
     }
 }
 

@@ -8,7 +8,7 @@ use super::lease::Ask;
 use super::locker::{Acquired, Locker};
 use crate::error::{ConfigError, Error};
 use crate::key::LockKey;
-use crate::store::LockStore;
+use crate::store::{LeaseKind, LockStore};
 
 /// The most permits a semaphore may have: larger counts are refused before
 /// any store call (a count that large is a bug, and the store keeps one
@@ -109,8 +109,9 @@ impl<S: LockStore> Locker<S> {
     /// The semaphore of `key` with `permits` permits: at most that many
     /// holders at once (see [`Semaphore`]). Takes nothing yet.
     ///
-    /// Fails with [`Error::Config`] when `permits` is 0 or above 65,536,
-    /// without asking the store.
+    /// Fails with [`Error::Config`] when `permits` is 0 or above 65,536, or
+    /// when the store keeps no semaphores ([`LockStore::supports`]:
+    /// Redlock), without asking the store.
     ///
     /// ```
     /// use tower_redis_lock::{Error, LockKey, Locker, MemoryStore};
@@ -125,6 +126,7 @@ impl<S: LockStore> Locker<S> {
     /// # }
     /// ```
     pub fn semaphore(&self, key: &LockKey, permits: u32) -> Result<Semaphore<S>, Error> {
+        crate::store::kind_unsupported(self.store(), LeaseKind::Permit)?;
         Ok(Semaphore {
             locker: self.clone(),
             key: key.clone(),

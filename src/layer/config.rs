@@ -201,8 +201,13 @@ impl<St: LockStore> Config<St> {
                  (those need permits, or one request per key)",
             ));
         }
+        // A kind the store does not keep is refused here, not per request.
+        if c.rw.is_some() {
+            crate::store::kind_unsupported(c.locker.store(), crate::store::LeaseKind::Read)?;
+        }
         if let Some(permits) = c.permits {
             crate::engine::check_permits(permits)?;
+            crate::store::kind_unsupported(c.locker.store(), crate::store::LeaseKind::Permit)?;
             if c.idempotency.is_some() {
                 return Err(ConfigError::new(
                     "concurrency_limit",

@@ -50,7 +50,7 @@ pub(crate) async fn take_rw<St: LockStore>(
     key: &LockKey,
     mode: RwMode,
 ) -> Result<LockGuard, Error> {
-    let rw = locker.rwlock(key);
+    let rw = locker.rwlock(key)?;
     match mode {
         RwMode::Read => rw.read().await,
         RwMode::Write => rw.write().await,

@@ -278,6 +278,10 @@ impl LockStore for BoxStore {
         self.inner.check_boxed().await
     }
 
+    fn supports(&self, kind: super::LeaseKind) -> bool {
+        self.inner.supports_boxed(kind)
+    }
+
     async fn acquire_labelled(
         &self,
         key: &LockKey,
@@ -446,6 +450,8 @@ trait DynLockStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<bool, Error>>;
 
     fn check_boxed(&self) -> BoxFuture<'_, Result<(), Error>>;
+
+    fn supports_boxed(&self, kind: super::LeaseKind) -> bool;
 
     fn acquire_labelled_boxed<'a>(
         &'a self,
@@ -641,6 +647,10 @@ impl<S: LockStore> DynLockStore for S {
 
     fn check_boxed(&self) -> BoxFuture<'_, Result<(), Error>> {
         Box::pin(LockStore::check(self))
+    }
+
+    fn supports_boxed(&self, kind: super::LeaseKind) -> bool {
+        LockStore::supports(self, kind)
     }
 
     fn acquire_labelled_boxed<'a>(

@@ -495,6 +495,10 @@ impl LockStore for MemoryStore {
         Arc::as_ptr(&self.state).cast::<()>() as usize
     }
 
+    fn supports(&self, _kind: super::LeaseKind) -> bool {
+        true
+    }
+
     async fn acquire(
         &self,
         key: &LockKey,

@@ -130,6 +130,26 @@ pub struct Renewal {
 }
 
 /// The error of a store that has no semaphores.
+/// The refusal of a kind the store does not keep (see
+/// [`LockStore::supports`]).
+pub(crate) fn kind_unsupported<S: LockStore + ?Sized>(
+    store: &S,
+    kind: LeaseKind,
+) -> Result<(), crate::error::ConfigError> {
+    if store.supports(kind) {
+        return Ok(());
+    }
+    let (setting, what) = match kind {
+        LeaseKind::Permit => ("permits", "semaphores (permits)"),
+        LeaseKind::Read | LeaseKind::Write => ("read_write", "reader-writer locks"),
+        LeaseKind::Lock => ("store", "locks"),
+    };
+    Err(crate::error::ConfigError::new(
+        setting,
+        format!("this store does not keep {what}"),
+    ))
+}
+
 pub(crate) fn permits_unsupported() -> Error {
     Error::Config(crate::error::ConfigError::new(
         "permits",
@@ -516,6 +536,19 @@ pub trait LockStore: Send + Sync + 'static {
         key: &LockKey,
     ) -> impl Future<Output = Result<ForcedRelease, Error>> + Send {
         std::future::ready(Err(unsupported(Operation::ForceRelease, Some(key))))
+    }
+
+    /// Whether the store keeps leases of `kind`: declared as data, so that
+    /// a [`Semaphore`](crate::Semaphore), a
+    /// [`ReadWriteLock`](crate::ReadWriteLock) or a layer of a kind the
+    /// store lacks is refused when it is made ([`ConfigError`]), never at
+    /// each request. The default keeps locks only: a store of your own
+    /// that implements the permit or reader-writer methods says so here.
+    /// The memory and Redis stores keep every kind; Redlock keeps locks.
+    ///
+    /// [`ConfigError`]: crate::ConfigError
+    fn supports(&self, kind: LeaseKind) -> bool {
+        kind == LeaseKind::Lock
     }
 
     /// Whether the store answers now: a readiness check, and the probe a

@@ -284,7 +284,7 @@ pub async fn worker_loop<S: LockStore + Clone>(spec: &WorkerSpec, log: &mut Even
         let write = spec.rw && rng.u32(..3) == 0;
         let take = async {
             if spec.rw {
-                let rw = locker.rwlock(&key);
+                let rw = locker.rwlock(&key).unwrap();
                 return if write {
                     rw.write().await
                 } else {

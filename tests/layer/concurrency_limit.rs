@@ -205,24 +205,20 @@ fn bad_limits_are_refused_by_build() {
     assert!(layer(4).build().is_ok());
 }
 
-/// Redlock has no semaphore: every request is refused as a
-/// misconfiguration (500), never run, nothing written.
+/// Redlock has no semaphore: the layer is refused when it is built (a
+/// `ConfigError` naming permits), never per request; nothing written.
 #[tokio::test]
-async fn over_redlock_every_request_is_refused_as_misconfigured() {
+async fn over_redlock_the_layer_is_refused_when_built() {
     let servers = support::topology::start_independent(3);
     let store = support::stores::redlock_over(&servers, Duration::from_millis(500));
     let _: &RedlockStore = &store;
-    let layer = LockLayer::builder(Locker::new(store), KeyFrom::path_param::<String>("tenant"))
+    let built = LockLayer::builder(Locker::new(store), KeyFrom::path_param::<String>("tenant"))
         .concurrency_limit(2)
         .on_store_error(OnStoreError::FailOpen)
-        .build()
-        .unwrap();
-    let app = Router::new().route(
-        "/t/{tenant}",
-        post(|| async { unreachable_handler() }).route_layer(layer),
-    );
-    let res = send(&app, post_to("/t/a")).await;
-    res.problem(StatusCode::INTERNAL_SERVER_ERROR);
+        .build();
+    let e = built.expect_err("a concurrency limit over Redlock was built");
+    assert_eq!(e.setting(), "permits");
+    assert!(e.to_string().contains("semaphores"), "{e}");
     for s in &servers {
         assert_eq!(s.dbsize(), 0);
     }

@@ -233,9 +233,9 @@ async fn a_permit<F: Frozen>(how: GiveUp) {
 async fn a_read<F: Frozen>(how: GiveUp) {
     let (server, gives_up, other) = start::<F>().await;
     let k = key("read");
-    let rw = gives_up.rwlock(&k);
+    let rw = gives_up.rwlock(&k).unwrap();
     abandoned_during_a_freeze(&server, how, rw.try_read()).await;
-    let theirs = other.rwlock(&k);
+    let theirs = other.rwlock(&k).unwrap();
     let freed = gets_in(async || theirs.try_write().await).await;
     assert!(
         freed,
@@ -248,9 +248,9 @@ async fn a_read<F: Frozen>(how: GiveUp) {
 async fn a_write<F: Frozen>(how: GiveUp) {
     let (server, gives_up, other) = start::<F>().await;
     let k = key("write");
-    let rw = gives_up.rwlock(&k);
+    let rw = gives_up.rwlock(&k).unwrap();
     abandoned_during_a_freeze(&server, how, rw.try_write()).await;
-    let theirs = other.rwlock(&k);
+    let theirs = other.rwlock(&k).unwrap();
     let freed = gets_in(async || theirs.try_read().await).await;
     assert!(
         freed,
@@ -265,9 +265,9 @@ async fn a_write<F: Frozen>(how: GiveUp) {
 async fn a_writers_mark<F: Frozen>(how: GiveUp) {
     let (server, gives_up, other) = start::<F>().await;
     let k = key("mark");
-    let theirs = other.rwlock(&k);
+    let theirs = other.rwlock(&k).unwrap();
     let reading = theirs.try_read().await.unwrap();
-    let rw = gives_up.rwlock(&k);
+    let rw = gives_up.rwlock(&k).unwrap();
     abandoned_during_a_freeze(&server, how, rw.write_within(Duration::from_secs(5))).await;
     let joined = gets_in(async || theirs.try_read().await).await;
     assert!(

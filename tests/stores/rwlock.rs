@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use tower_redis_lock::{AcquireOutcome, Error, LockKey, LockStore, Locker, OwnerToken, RwMode};
+use tower_redis_lock::{
+    AcquireOutcome, Error, KeyFrom, LockKey, LockLayer, LockStore, Locker, OwnerToken, RwMode,
+};
 
 fn key(id: &str) -> LockKey {
     LockKey::new("rw", id).unwrap()
@@ -30,7 +32,7 @@ fn locker<S: LockStore>(store: S, lease_ms: u64, wait_ms: u64) -> Locker<S> {
 /// back in the background).
 async fn readers_get_in<S: LockStore>(l: &Locker<S>, k: &LockKey) -> bool {
     eventually(Duration::from_secs(5), async || {
-        l.rwlock(k).try_read().await.is_ok()
+        l.rwlock(k).unwrap().try_read().await.is_ok()
     })
     .await
 }
@@ -59,7 +61,7 @@ macro_rules! rwlock_suite {
                     (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
                 let mut tasks = Vec::new();
                 for t in 0..12usize {
-                    let rw = lockers[t % 2].rwlock(&k);
+                    let rw = lockers[t % 2].rwlock(&k).unwrap();
                     let (inside, bad, most_readers) =
                         (inside.clone(), bad.clone(), most_readers.clone());
                     tasks.push(tokio::spawn(async move {
@@ -110,15 +112,15 @@ macro_rules! rwlock_suite {
                     locker(store, 10_000, 0),
                 );
                 let k = key("writer-first");
-                let held = a.rwlock(&k).try_read().await.unwrap();
+                let held = a.rwlock(&k).unwrap().try_read().await.unwrap();
                 // Before any writer waits, readers share.
-                let early = c.rwlock(&k).try_read().await.unwrap();
+                let early = c.rwlock(&k).unwrap().try_read().await.unwrap();
                 early.release().await.unwrap();
-                let writer = b.rwlock(&k);
+                let writer = b.rwlock(&k).unwrap();
                 let waiting = tokio::spawn(async move { writer.write().await });
                 // (A waiter is queued only after its first try, which marked it.)
                 assert!(eventually(Duration::from_secs(5), async || b.has_waiters(&k)).await);
-                let err = c.rwlock(&k).try_read().await.unwrap_err();
+                let err = c.rwlock(&k).unwrap().try_read().await.unwrap_err();
                 assert!(
                     err.is_contended(),
                     "a new reader got in past a waiting writer: {err}"
@@ -129,9 +131,16 @@ macro_rules! rwlock_suite {
                     .expect("the writer was not granted after the reader left")
                     .unwrap()
                     .unwrap();
-                assert!(c.rwlock(&k).try_read().await.unwrap_err().is_contended());
+                assert!(
+                    c.rwlock(&k)
+                        .unwrap()
+                        .try_read()
+                        .await
+                        .unwrap_err()
+                        .is_contended()
+                );
                 w.release().await.unwrap();
-                assert!(c.rwlock(&k).try_read().await.is_ok());
+                assert!(c.rwlock(&k).unwrap().try_read().await.is_ok());
             }
 
             /// A writer that gives up waiting (its wait ends, or its future
@@ -146,24 +155,31 @@ macro_rules! rwlock_suite {
                     locker(store, 30_000, 0),
                 );
                 let k = key("gave-up");
-                let _held = a.rwlock(&k).try_read().await.unwrap();
-                let err = b.rwlock(&k).write().await.unwrap_err();
+                let _held = a.rwlock(&k).unwrap().try_read().await.unwrap();
+                let err = b.rwlock(&k).unwrap().write().await.unwrap_err();
                 assert!(matches!(err, Error::WaitTimeout { .. }), "{err}");
                 // At once, not eventually: the mark is taken back before
                 // the error answers (a job that gives up and ends runs
                 // nothing after it).
-                let reader = c.rwlock(&k).try_read().await;
+                let reader = c.rwlock(&k).unwrap().try_read().await;
                 assert!(
                     reader.is_ok(),
                     "a reader kept out right after the writer timed out: {reader:?}"
                 );
                 drop(reader);
                 // Dropped while it waits.
-                let rw = b.rwlock(&k);
+                let rw = b.rwlock(&k).unwrap();
                 let waiting =
                     tokio::spawn(async move { rw.write_within(Duration::from_secs(60)).await });
                 assert!(eventually(Duration::from_secs(5), async || b.has_waiters(&k)).await);
-                assert!(c.rwlock(&k).try_read().await.unwrap_err().is_contended());
+                assert!(
+                    c.rwlock(&k)
+                        .unwrap()
+                        .try_read()
+                        .await
+                        .unwrap_err()
+                        .is_contended()
+                );
                 waiting.abort();
                 assert!(
                     readers_get_in(&c, &k).await,
@@ -261,7 +277,7 @@ macro_rules! rwlock_suite {
                 let (store, _keep) = $fixture;
                 let l = locker(store, 10_000, 0);
                 let k = key("tokens");
-                let rw = l.rwlock(&k);
+                let rw = l.rwlock(&k).unwrap();
                 let mut last = 0u64;
                 for round in 0..10 {
                     let w = rw.try_write().await.unwrap();
@@ -291,8 +307,8 @@ macro_rules! rwlock_suite {
                 let l = locker(store.clone(), 1_000, 0);
                 let other = locker(store, 1_000, 0);
                 let (kr, kw) = (key("renewed-read"), key("renewed-write"));
-                let r = l.rwlock(&kr).try_read().await.unwrap();
-                let w = l.rwlock(&kw).try_write().await.unwrap();
+                let r = l.rwlock(&kr).unwrap().try_read().await.unwrap();
+                let w = l.rwlock(&kw).unwrap().try_write().await.unwrap();
                 let from = Instant::now();
                 while from.elapsed() < Duration::from_millis(3_000) {
                     assert!(
@@ -303,6 +319,7 @@ macro_rules! rwlock_suite {
                     assert!(
                         other
                             .rwlock(&kr)
+                            .unwrap()
                             .try_write()
                             .await
                             .unwrap_err()
@@ -311,6 +328,7 @@ macro_rules! rwlock_suite {
                     assert!(
                         other
                             .rwlock(&kw)
+                            .unwrap()
                             .try_read()
                             .await
                             .unwrap_err()
@@ -320,8 +338,8 @@ macro_rules! rwlock_suite {
                 }
                 assert!(r.release().await.unwrap());
                 assert!(w.release().await.unwrap());
-                assert!(other.rwlock(&kr).try_write().await.is_ok());
-                assert!(other.rwlock(&kw).try_read().await.is_ok());
+                assert!(other.rwlock(&kr).unwrap().try_write().await.is_ok());
+                assert!(other.rwlock(&kw).unwrap().try_read().await.is_ok());
             }
 
             /// Re-entry in a scope: read in read and write in write share
@@ -332,7 +350,7 @@ macro_rules! rwlock_suite {
                 let (store, _keep) = $fixture;
                 let l = locker(store, 10_000, 5_000);
                 let k = key("reenter");
-                let rw = l.rwlock(&k);
+                let rw = l.rwlock(&k).unwrap();
                 let read = rw.try_read().await.unwrap();
                 let (again, upgrade, lock) = read
                     .scope(async {
@@ -385,8 +403,8 @@ async fn waiters_of_either_side_are_woken_by_the_release<S: LockStore + Clone>(s
     let holder = locker(store.clone(), 10_000, 0);
     let waiter = stores::woken_only_by_notification(store);
     let k = key("woken");
-    let w = holder.rwlock(&k).try_write().await.unwrap();
-    let rw = waiter.rwlock(&k);
+    let w = holder.rwlock(&k).unwrap().try_write().await.unwrap();
+    let rw = waiter.rwlock(&k).unwrap();
     let reading = tokio::spawn(async move { (rw.read().await, Instant::now()) });
     assert!(eventually(Duration::from_secs(5), async || waiter.has_waiters(&k)).await);
     let released = Instant::now();
@@ -402,8 +420,13 @@ async fn waiters_of_either_side_are_woken_by_the_release<S: LockStore + Clone>(s
     );
     let r = r.unwrap();
 
-    let rw = waiter.rwlock(&key("woken-2"));
-    let r2 = holder.rwlock(&key("woken-2")).try_read().await.unwrap();
+    let rw = waiter.rwlock(&key("woken-2")).unwrap();
+    let r2 = holder
+        .rwlock(&key("woken-2"))
+        .unwrap()
+        .try_read()
+        .await
+        .unwrap();
     let writing = tokio::spawn(async move { (rw.write().await, Instant::now()) });
     assert!(
         eventually(Duration::from_secs(5), async || waiter
@@ -449,8 +472,8 @@ async fn redis_holds_the_store_lost_are_reported_lost() {
     let (store, server) = stores::redis();
     let l = locker(store.clone(), 300, 0);
     let (kw, kr) = (key("lost-write"), key("lost-read"));
-    let w = l.rwlock(&kw).try_write().await.unwrap();
-    let r = l.rwlock(&kr).try_read().await.unwrap();
+    let w = l.rwlock(&kw).unwrap().try_write().await.unwrap();
+    let r = l.rwlock(&kr).unwrap().try_read().await.unwrap();
     let [_, writer, _] = store.rw_keys(&kw);
     let [readers, _, _] = store.rw_keys(&kr);
     server.cmd(&["DEL", &writer, &readers]);
@@ -477,14 +500,14 @@ async fn redis_the_layout_shares_the_locks_hash_tag_and_leaves_nothing() {
         assert_eq!(tag(n), tag(&store.lock_key(&k)), "{n}");
     }
     assert!(names[0].ends_with(":rw-readers") && names[1].ends_with(":rw-writer"));
-    let r = l.rwlock(&k).try_read().await.unwrap();
+    let r = l.rwlock(&k).unwrap().try_read().await.unwrap();
     let pttl = match server.cmd(&["PTTL", &names[0]]) {
         support::Reply::Int(n) => n,
         other => panic!("{other:?}"),
     };
     assert!(pttl > 8_000 && pttl <= 10_000, "PTTL {pttl}");
     r.release().await.unwrap();
-    let w = l.rwlock(&k).try_write().await.unwrap();
+    let w = l.rwlock(&k).unwrap().try_write().await.unwrap();
     let pttl = match server.cmd(&["PTTL", &names[1]]) {
         support::Reply::Int(n) => n,
         other => panic!("{other:?}"),
@@ -508,7 +531,7 @@ async fn redis_a_flood_of_keys_leaves_only_the_counters() {
         tasks.push(tokio::spawn(async move {
             for i in 0..200 {
                 let k = key(&format!("flood-{chunk}-{i}"));
-                let rw = l.rwlock(&k);
+                let rw = l.rwlock(&k).unwrap();
                 match i % 4 {
                     0 => {
                         // A crashed reader, and a writer that waited and crashed.
@@ -569,6 +592,7 @@ async fn memory_a_flood_of_keys_leaves_nothing() {
             store.acquire_write(&k, &w, Some(&q), short).await.unwrap();
         } else if i % 3 == 1 {
             l.rwlock(&k)
+                .unwrap()
                 .try_write()
                 .await
                 .unwrap()
@@ -577,6 +601,7 @@ async fn memory_a_flood_of_keys_leaves_nothing() {
                 .unwrap();
         } else {
             l.rwlock(&k)
+                .unwrap()
                 .try_read()
                 .await
                 .unwrap()
@@ -588,30 +613,44 @@ async fn memory_a_flood_of_keys_leaves_nothing() {
     tokio::time::sleep(Duration::from_millis(60)).await;
     // The next grants sweep what expired.
     for i in 0..1_100 {
-        let rw = l.rwlock(&key(&format!("after-{i}")));
+        let rw = l.rwlock(&key(&format!("after-{i}"))).unwrap();
         rw.try_read().await.unwrap().release().await.unwrap();
     }
     assert_eq!(store.keys_kept(), 0);
 }
 
-/// Redlock has no reader-writer lock: a clear configuration error, nothing
-/// written.
+/// Redlock has no reader-writer lock: a clear configuration error when the
+/// lock, or a reader-writer layer, is made (never per request), nothing
+/// written. The same for its semaphores.
 #[tokio::test]
-async fn redlock_says_rwlocks_are_not_supported() {
+async fn redlock_says_rwlocks_and_semaphores_are_not_supported_when_made() {
     let (store, servers) = stores::redlock(3);
     let l = locker(store, 10_000, 0);
-    let rw = l.rwlock(&key("redlock"));
-    for err in [
-        rw.try_read().await.unwrap_err(),
-        rw.try_write().await.unwrap_err(),
-    ] {
-        match err {
-            Error::Config(e) => {
-                assert_eq!(e.setting(), "rwlock");
-                assert!(e.to_string().contains("not support"), "{e}");
-            }
-            other => panic!("{other:?}"),
+    match l.rwlock(&key("redlock")) {
+        Err(Error::Config(e)) => {
+            assert_eq!(e.setting(), "read_write");
+            assert!(e.to_string().contains("reader-writer"), "{e}");
         }
+        other => panic!("{other:?}"),
+    }
+    match l.semaphore(&key("redlock"), 3) {
+        Err(Error::Config(e)) => {
+            assert_eq!(e.setting(), "permits");
+            assert!(e.to_string().contains("semaphores"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let layers = [
+        LockLayer::builder(l.clone(), KeyFrom::path_param::<String>("id"))
+            .read_write()
+            .build(),
+        LockLayer::builder(l.clone(), KeyFrom::path_param::<String>("id"))
+            .concurrency_limit(3)
+            .build(),
+    ];
+    for built in layers {
+        let e = built.expect_err("a layer of a kind Redlock lacks was built");
+        assert!(e.to_string().contains("does not keep"), "{e}");
     }
     for s in &servers {
         assert_eq!(s.dbsize(), 0);
@@ -630,7 +669,7 @@ async fn dropped_acquires_and_guards_leave_nothing<S: LockStore + Clone>(
 ) {
     let l = locker(store, 30_000, 2_000);
     let k = key("dropped");
-    let rw = l.rwlock(&k);
+    let rw = l.rwlock(&k).unwrap();
     for round in 0..80u64 {
         let cut = Duration::from_micros(round * 37 % 1_500);
         // Every third round with a reader holding, so that writers wait.
@@ -680,8 +719,18 @@ async fn memory_dropped_acquires_and_guards_leave_nothing() {
 async fn redis_rwlocks_survive_a_script_flush() {
     let (store, server) = stores::redis();
     let l = locker(store.clone(), 1_000, 0);
-    let r = l.rwlock(&key("noscript-r")).try_read().await.unwrap();
-    let w = l.rwlock(&key("noscript-w")).try_write().await.unwrap();
+    let r = l
+        .rwlock(&key("noscript-r"))
+        .unwrap()
+        .try_read()
+        .await
+        .unwrap();
+    let w = l
+        .rwlock(&key("noscript-w"))
+        .unwrap()
+        .try_write()
+        .await
+        .unwrap();
     server.cmd(&["SCRIPT", "FLUSH"]);
     let start = Instant::now();
     while start.elapsed() < Duration::from_millis(3_000) {
@@ -709,13 +758,13 @@ async fn a_waiting_writers_mark_is_renewed_while_it_waits<S: LockStore + Clone>(
         .unwrap();
     let other = locker(store, 10_000, 0);
     let k = key("mark-renewed");
-    let r = holder.rwlock(&k).try_read().await.unwrap();
-    let rw = writer.rwlock(&k);
+    let r = holder.rwlock(&k).unwrap().try_read().await.unwrap();
+    let rw = writer.rwlock(&k).unwrap();
     let waiting = tokio::spawn(async move { rw.write().await });
     assert!(eventually(Duration::from_secs(5), async || writer.has_waiters(&k)).await);
     let from = Instant::now();
     while from.elapsed() < Duration::from_millis(3_600) {
-        match other.rwlock(&k).try_read().await {
+        match other.rwlock(&k).unwrap().try_read().await {
             Err(e) => assert!(e.is_contended(), "{e}"),
             Ok(_) => panic!("a reader got in {:?} into the wait", from.elapsed()),
         }
@@ -750,7 +799,7 @@ async fn redis_a_reads_token_is_the_counter_and_the_next_write_above_it() {
     let k = key("counter");
     let ahead: u64 = 9_000_000_000_000_000;
     server.cmd(&["SET", &store.fence_key(&k), &ahead.to_string()]);
-    let rw = l.rwlock(&k);
+    let rw = l.rwlock(&k).unwrap();
     let (r1, r2) = (rw.try_read().await.unwrap(), rw.try_read().await.unwrap());
     assert_eq!(r1.fencing_token().unwrap().get(), ahead);
     assert_eq!(r2.fencing_token().unwrap().get(), ahead);
@@ -789,7 +838,7 @@ async fn redis_grants_are_confirmed_by_replicas_and_unconfirmed_ones_taken_back(
     let l = Locker::new(store.clone());
     let k = key("replicas");
     let [readers, writer, _] = store.rw_keys(&k);
-    let held = l.rwlock(&k).try_read().await.unwrap();
+    let held = l.rwlock(&k).unwrap().try_read().await.unwrap();
     assert_eq!(replica.cmd(&["ZCARD", &readers]).as_int(), Some(1));
     replica.freeze();
     let refused = |res: Result<tower_redis_lock::LockGuard, Error>| match res {
@@ -801,7 +850,7 @@ async fn redis_grants_are_confirmed_by_replicas_and_unconfirmed_ones_taken_back(
         }
         other => panic!("{other:?}"),
     };
-    refused(l.rwlock(&k).try_read().await);
+    refused(l.rwlock(&k).unwrap().try_read().await);
     assert_eq!(
         primary.cmd(&["ZCARD", &readers]).as_int(),
         Some(1),
@@ -815,12 +864,12 @@ async fn redis_grants_are_confirmed_by_replicas_and_unconfirmed_ones_taken_back(
             == Some(0))
         .await
     );
-    refused(l.rwlock(&k).try_write().await);
+    refused(l.rwlock(&k).unwrap().try_write().await);
     assert_eq!(
         primary.cmd(&["EXISTS", &writer]).as_int(),
         Some(0),
         "the refused write was kept"
     );
     replica.thaw();
-    assert!(l.rwlock(&k).try_write().await.is_ok());
+    assert!(l.rwlock(&k).unwrap().try_write().await.is_ok());
 }

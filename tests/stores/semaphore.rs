@@ -565,29 +565,6 @@ async fn memory_a_flood_of_keys_leaves_nothing() {
     assert_eq!(store.keys_kept(), 0);
 }
 
-/// Redlock has no semaphore: a clear configuration error, nothing written.
-#[tokio::test]
-async fn redlock_says_semaphores_are_not_supported() {
-    let (store, servers) = stores::redlock(3);
-    let l = locker(store, 10_000, 0);
-    let err = l
-        .semaphore(&key("redlock"), 2)
-        .unwrap()
-        .try_acquire()
-        .await
-        .unwrap_err();
-    match err {
-        Error::Config(e) => {
-            assert_eq!(e.setting(), "permits");
-            assert!(e.to_string().contains("not support"), "{e}");
-        }
-        other => panic!("{other:?}"),
-    }
-    for s in &servers {
-        assert_eq!(s.dbsize(), 0);
-    }
-}
-
 /// Permit acquires dropped at every point of their way (before, during,
 /// after the grant) and guards dropped at once leave no permit behind:
 /// each attempt whose answer was not taken is released in the background,

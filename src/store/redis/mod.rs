@@ -231,6 +231,10 @@ impl LockStore for RedisStore {
         RedisStore::check(self).await
     }
 
+    fn supports(&self, _kind: crate::store::LeaseKind) -> bool {
+        true
+    }
+
     async fn acquire(
         &self,
         key: &LockKey,
