@@ -10,7 +10,6 @@
 //!   the lease is over (then with the locker's undos, until the store
 //!   answers); this process's waiters are woken once it lands.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +20,7 @@ use tracing::Instrument;
 
 use super::lease::Lease;
 use super::queue::Queues;
-use super::recovery::{Recovery, Undo};
+use super::recovery::{Recovery, Undo, spawn_detached};
 use crate::error::{Chain, Error};
 use crate::key::LockKey;
 use crate::store::{BoxStore, LeaseKind, LockStore, release_lease};
@@ -194,26 +193,6 @@ impl Drop for PendingEnd<'_> {
         if let Some(op) = self.op.take() {
             self.ending.spawn(op, self.pause_first);
         }
-    }
-}
-
-/// Spawns `fut` on the current runtime, else on `fallback`. Returns false
-/// if there was neither.
-pub(crate) fn spawn_detached<F>(fallback: Option<&Handle>, fut: F) -> bool
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    if let Ok(rt) = Handle::try_current() {
-        drop(rt.spawn(fut));
-        return true;
-    }
-    match fallback {
-        // (A runtime that has shut down drops the task unrun.)
-        Some(rt) => {
-            drop(rt.spawn(fut));
-            true
-        }
-        None => false,
     }
 }
 

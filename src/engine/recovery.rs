@@ -33,7 +33,6 @@ use futures_util::stream::{self, StreamExt};
 use tokio::runtime::Handle;
 
 use super::health::Health;
-use super::pending::spawn_detached;
 use crate::error::{Chain, Error};
 use crate::key::LockKey;
 use crate::store::{BoxStore, LeaseKind, LockStore, release_lease};
@@ -365,6 +364,26 @@ async fn undo_all(r: &Recovery, batch: Vec<Leftover>, checked: bool) -> bool {
     let healthy = again.is_empty();
     requeue(r, again);
     healthy
+}
+
+/// Spawns `fut` on the current runtime, else on `fallback`. Returns false
+/// if there was neither.
+pub(crate) fn spawn_detached<F>(fallback: Option<&Handle>, fut: F) -> bool
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    if let Ok(rt) = Handle::try_current() {
+        drop(rt.spawn(fut));
+        return true;
+    }
+    match fallback {
+        // (A runtime that has shut down drops the task unrun.)
+        Some(rt) => {
+            drop(rt.spawn(fut));
+            true
+        }
+        None => false,
+    }
 }
 
 #[cfg(test)]
