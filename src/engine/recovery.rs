@@ -408,6 +408,14 @@ mod tests {
         }
     }
 
+    /// Whether the store grants the undo's key to `owner` now (a grant the
+    /// server runs late, or a free key).
+    async fn granted(store: &Counting, owner: &OwnerToken) -> bool {
+        let lease = Duration::from_secs(30);
+        let answer = store.inner.acquire(&key("undo"), owner, lease).await;
+        matches!(answer, Ok(AcquireOutcome::Granted(_)))
+    }
+
     /// Waits (in paused time) until `cond`, for at most `limit`.
     async fn within(limit: Duration, cond: impl Fn() -> bool) -> bool {
         let end = tokio::time::Instant::now() + limit;
@@ -430,20 +438,12 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert_eq!(r.waiting(), 1);
         // The server runs the abandoned grant as it resumes.
-        let late = store
-            .inner
-            .acquire(&key("undo"), &owner, Duration::from_secs(30))
-            .await;
-        assert!(matches!(late, Ok(AcquireOutcome::Granted(_))));
+        assert!(granted(&store, &owner).await);
         store.down.store(false, Ordering::SeqCst);
         // Within the longest pause between two rounds.
         assert!(within(PAUSE_MAX + Duration::from_millis(50), || r.waiting() == 0).await);
         let other = OwnerToken::generate();
-        let free = store
-            .inner
-            .acquire(&key("undo"), &other, Duration::from_secs(30))
-            .await;
-        assert!(matches!(free, Ok(AcquireOutcome::Granted(_))), "{free:?}");
+        assert!(granted(&store, &other).await);
     }
 
     #[tokio::test(start_paused = true)]
@@ -459,18 +459,10 @@ mod tests {
             .await
         );
         // The grant runs late, after the first undo found nothing.
-        let late = store
-            .inner
-            .acquire(&key("undo"), &owner, Duration::from_secs(30))
-            .await;
-        assert!(matches!(late, Ok(AcquireOutcome::Granted(_))));
+        assert!(granted(&store, &owner).await);
         assert!(within(SETTLE * 2, || store.releases.load(Ordering::SeqCst) == 2).await);
         let other = OwnerToken::generate();
-        let free = store
-            .inner
-            .acquire(&key("undo"), &other, Duration::from_secs(30))
-            .await;
-        assert!(matches!(free, Ok(AcquireOutcome::Granted(_))), "{free:?}");
+        assert!(granted(&store, &other).await);
         // Then nothing more is sent.
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert_eq!(store.releases.load(Ordering::SeqCst), 2);
