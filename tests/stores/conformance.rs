@@ -336,7 +336,13 @@ macro_rules! conformance {
                 // most: a slower answer to the extend failed it.)
                 let ends = || tokio::time::Instant::now() + g.valid_for();
                 let granted_until = ends();
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                // Until the guard's own validity has run down by 20 ms.
+                let start = g.valid_for();
+                let ran_down = eventually(Duration::from_secs(5), async || {
+                    g.valid_for() + Duration::from_millis(20) <= start
+                })
+                .await;
+                assert!(ran_down);
                 g.extend().await.unwrap();
                 let extended_until = ends();
                 assert!(

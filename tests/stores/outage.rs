@@ -18,7 +18,9 @@ use support::{RedisServer, eventually};
 
 use std::time::Duration;
 
-use tower_redis_lock::{BoxStore, Error, LockGuard, LockKey, Locker, RedisStore, RedlockStore};
+use tower_redis_lock::{
+    BoxStore, Error, LockGuard, LockKey, Locker, RedisStore, RedlockStore, RwMode,
+};
 
 /// The lease of every grant: far longer than any wait below, so a key
 /// left held is seen held.
@@ -150,6 +152,7 @@ async fn abandoned_during_a_freeze<T: std::fmt::Debug>(
     // A connection older than the command timeout, as in a service that
     // has run a while: the one a call times out on is then given up, and
     // what follows goes on a new one (the grant stays queued on the old).
+    // (An age, not an event: the scenario's setting.)
     tokio::time::sleep(TIMEOUT * 2).await;
     server.freeze();
     match how {
@@ -165,7 +168,9 @@ async fn abandoned_during_a_freeze<T: std::fmt::Debug>(
             assert!(cut.is_err(), "a call to a frozen server answered: {cut:?}");
         }
     }
-    // Long enough for the call's undo to fail too, at least once.
+    // How long the server stays frozen after the call gave up (the
+    // scenario's setting: its undo tries at once and fails at least once,
+    // nothing outside the locker shows it).
     tokio::time::sleep(TIMEOUT * 2).await;
     server.thaw();
 }
@@ -229,34 +234,36 @@ async fn a_permit<F: Frozen>(how: GiveUp) {
     nothing_left(&server).await;
 }
 
-/// A read: a stuck read would keep every writer out.
-async fn a_read<F: Frozen>(how: GiveUp) {
+/// One side of a reader-writer lock, abandoned; the other side asked for
+/// after the outage: a stuck read would keep every writer out, a stuck
+/// write everyone.
+async fn a_side<F: Frozen>(how: GiveUp, abandoned: RwMode) {
     let (server, gives_up, other) = start::<F>().await;
-    let k = key("read");
-    let rw = gives_up.rwlock(&k).unwrap();
-    abandoned_during_a_freeze(&server, how, rw.try_read()).await;
-    let theirs = other.rwlock(&k).unwrap();
-    let freed = gets_in(async || theirs.try_write().await).await;
+    let k = key(&format!("{abandoned:?}"));
+    let (rw, theirs) = (gives_up.rwlock(&k).unwrap(), other.rwlock(&k).unwrap());
+    let freed = match abandoned {
+        RwMode::Read => {
+            abandoned_during_a_freeze(&server, how, rw.try_read()).await;
+            gets_in(async || theirs.try_write().await).await
+        }
+        _ => {
+            abandoned_during_a_freeze(&server, how, rw.try_write()).await;
+            gets_in(async || theirs.try_read().await).await
+        }
+    };
     assert!(
         freed,
-        "{how:?}: the read stayed held after the server resumed"
+        "{how:?}: the {abandoned:?} stayed held after the server resumed"
     );
     nothing_left(&server).await;
 }
 
-/// A write: a stuck write would keep everyone out.
+async fn a_read<F: Frozen>(how: GiveUp) {
+    a_side::<F>(how, RwMode::Read).await;
+}
+
 async fn a_write<F: Frozen>(how: GiveUp) {
-    let (server, gives_up, other) = start::<F>().await;
-    let k = key("write");
-    let rw = gives_up.rwlock(&k).unwrap();
-    abandoned_during_a_freeze(&server, how, rw.try_write()).await;
-    let theirs = other.rwlock(&k).unwrap();
-    let freed = gets_in(async || theirs.try_read().await).await;
-    assert!(
-        freed,
-        "{how:?}: the write stayed held after the server resumed"
-    );
-    nothing_left(&server).await;
+    a_side::<F>(how, RwMode::Write).await;
 }
 
 /// A waiting writer's mark, set when the server runs the writer's queued
