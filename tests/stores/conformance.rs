@@ -91,10 +91,16 @@ macro_rules! conformance {
                     if !expires(round) {
                         assert!(store.release(&k, &owner).await.unwrap());
                     } else {
-                        // Let it expire instead of releasing it.
-                        let probe = OwnerToken::generate();
+                        // Let it expire instead of releasing it. A fresh
+                        // owner for every try, as the engine does: Redlock
+                        // undoes a try that did not count in the
+                        // background, owner-checked, and an undo of an
+                        // earlier try under the same owner would release
+                        // the later grant.
+                        let mut probe = OwnerToken::generate();
                         assert!(
                             eventually(Duration::from_secs(5), async || {
+                                probe = OwnerToken::generate();
                                 match store.acquire(&k, &probe, Duration::from_secs(5)).await {
                                     Ok(AcquireOutcome::Granted(t)) => {
                                         assert!(t.get() > last);
