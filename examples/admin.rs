@@ -48,7 +48,7 @@ use axum::{Json, Router};
 use common::Env;
 pub use common::Failure;
 use serde::Deserialize;
-use tower_redis_lock::{HolderInfo, ListCursor, LockKey, LockStore, Locker};
+use tower_redis_lock::{HolderInfo, ListCursor, LockKey, Locker, OperatorStore};
 
 /// The shortest bearer token the API accepts.
 pub const MIN_TOKEN: usize = 32;
@@ -86,7 +86,7 @@ impl AdminToken {
 }
 
 /// The admin routes over `locker`, behind `token`.
-pub fn app<St: LockStore>(locker: Locker<St>, token: AdminToken) -> Router {
+pub fn app<St: OperatorStore>(locker: Locker<St>, token: AdminToken) -> Router {
     Router::new()
         .route("/locks/{ns}", get(list::<St>))
         .route("/locks/{ns}/{id}", get(show::<St>).delete(release::<St>))
@@ -141,7 +141,7 @@ struct Page {
     count: Option<usize>,
 }
 
-async fn list<St: LockStore>(
+async fn list<St: OperatorStore>(
     State(locker): State<Locker<St>>,
     Path(ns): Path<String>,
     Query(page): Query<Page>,
@@ -162,7 +162,7 @@ async fn list<St: LockStore>(
     }
 }
 
-async fn show<St: LockStore>(
+async fn show<St: OperatorStore>(
     State(locker): State<Locker<St>>,
     Path((ns, id)): Path<(String, String)>,
 ) -> Response {
@@ -181,7 +181,7 @@ struct By {
     by: Option<String>,
 }
 
-async fn release<St: LockStore>(
+async fn release<St: OperatorStore>(
     State(locker): State<Locker<St>>,
     Path((ns, id)): Path<(String, String)>,
     Query(by): Query<By>,
@@ -258,7 +258,7 @@ pub async fn run(
 }
 
 /// Every page of `ns`'s held locks, one JSON line per lock.
-pub async fn list_all<St: LockStore>(
+pub async fn list_all<St: OperatorStore>(
     locker: &Locker<St>,
     ns: &str,
 ) -> Result<String, tower_redis_lock::Error> {

@@ -49,7 +49,8 @@ pub use store::holder::{ForcedRelease, HolderId, HolderInfo, HolderLabel, Holder
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub use store::redis::{DataNodes, NodeTls};
 pub use store::{
-    AcquireAllOutcome, AcquireOutcome, LeaseKind, LockStore, ReleaseWatch, Renewal, RwMode,
+    AcquireAllOutcome, AcquireOutcome, Ask, Grant, LeaseKind, LockStore, LockStoreExt,
+    OperatorStore, ReleaseWatch, Renewal, RwMode,
     memory::MemoryStore,
     redis::RedisStore,
     redis::{EvictionCheck, RedisStoreBuilder, ReplicaShortfall},

@@ -44,12 +44,7 @@ pub(crate) fn acquire_span(key: &LockKey, kind: LeaseKind, wait: Duration) -> Sp
 
 /// A lease kind as spans name it: `lock` or `permit`.
 fn kind_label(kind: LeaseKind) -> &'static str {
-    match kind {
-        LeaseKind::Lock => "lock",
-        LeaseKind::Permit => "permit",
-        LeaseKind::Read => "read",
-        LeaseKind::Write => "write",
-    }
+    kind.as_str()
 }
 
 /// Records how an acquire ended, on `span` and in the metrics. `contended`:

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use support::topology::{SentinelOptions, SentinelSet};
 use tower_redis_lock::{
-    DataNodes, Error, LockKey, LockStore, Locker, NodeTls, OwnerToken, RedisStore,
-    RedisStoreBuilder, ReplicaShortfall,
+    DataNodes, Error, LeaseKind, LockKey, LockStore, LockStoreExt, Locker, NodeTls, OwnerToken,
+    RedisStore, RedisStoreBuilder, ReplicaShortfall,
 };
 
 /// A TLS-only `redis-server` with a certificate for `127.0.0.1` signed by
@@ -207,8 +207,8 @@ async fn grants_and_releases(store: RedisStore) {
         store.acquire(&key, &b, lease).await.unwrap(),
         tower_redis_lock::AcquireOutcome::Held { .. }
     ));
-    assert!(store.extend(&key, &a, lease).await.unwrap());
-    assert!(store.release(&key, &a).await.unwrap());
+    assert!(store.renew(LeaseKind::Lock, &key, &a, lease).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &key, &a).await.unwrap());
 
     // Through the locker: a waiter is handed the lock on release.
     let locker = Locker::builder(store)

@@ -54,7 +54,8 @@ use redis::aio::MultiplexedConnection;
 use support::RedisServer;
 use tokio::task::JoinSet;
 use tower_redis_lock::{
-    AcquireOutcome, LockKey, LockStore, Locker, OwnerToken, RedisStore, RedlockStore,
+    AcquireOutcome, LeaseKind, LockKey, LockStore, LockStoreExt, Locker, OwnerToken, RedisStore,
+    RedlockStore,
 };
 
 const PASSES: usize = 3;
@@ -214,7 +215,7 @@ impl Client {
                 let owner = OwnerToken::generate();
                 let granted = store.acquire(&k, &owner, TTL).await.unwrap();
                 assert!(matches!(granted, AcquireOutcome::GrantedUnfenced));
-                assert!(store.release(&k, &owner).await.unwrap());
+                assert!(store.release(LeaseKind::Lock, &k, &owner).await.unwrap());
             }
         }
     }

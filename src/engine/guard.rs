@@ -19,7 +19,7 @@ use super::watchdog::Watchdog;
 use crate::error::{Chain, Error};
 use crate::key::LockKey;
 use crate::observe;
-use crate::store::{LeaseKind, LockStore, extend_lease, release_lease};
+use crate::store::{LeaseKind, LockStore};
 use crate::token::{FencingToken, Unfenced};
 
 /// Proof that we hold a lock, for as long as [`is_held`](LockGuard::is_held)
@@ -261,7 +261,13 @@ impl LockGuard {
         if lease.is_zero() {
             return Err(Error::LockLost { key: l.key.clone() });
         }
-        if extend_lease(&self.shared.end.store, l.kind, &l.key, &l.owner, lease).await? {
+        if self
+            .shared
+            .end
+            .store
+            .renew(l.kind, &l.key, &l.owner, lease)
+            .await?
+        {
             l.renewed(started, lease);
             Ok(())
         } else {
@@ -346,7 +352,7 @@ impl LockGuard {
         pending.op = Some(EndOp::Release);
         let released = e
             .store
-            .release(&l.key, &l.owner)
+            .release(LeaseKind::Lock, &l.key, &l.owner)
             .instrument(span.clone())
             .await;
         span.in_scope(|| trace_release(l, &released));
@@ -469,7 +475,9 @@ impl LockGuard {
         // Dropped before the answer: the release goes on in the background.
         let mut pending = PendingEnd::arm(e, EndOp::Release);
         let span = l.release_span("release");
-        let res = release_lease(&e.store, l.kind, &l.key, &l.owner)
+        let res = e
+            .store
+            .release(l.kind, &l.key, &l.owner)
             .instrument(span.clone())
             .await;
         span.in_scope(|| trace_release(l, &res));

@@ -18,7 +18,9 @@ const HELD: u8 = 0;
 const LOST: u8 = 1;
 const RELEASED: u8 = 2;
 
-/// What an acquire asks the store for.
+/// What an acquire asks the store for: the store's [`Ask`](crate::store::Ask)
+/// as the engine keeps it from try to try (`Copy`: a writer's waiter is
+/// 128 bits, made an owner token for each try).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ask {
     /// The key's lock; with `replay`, its completed record instead if it
@@ -34,6 +36,19 @@ pub(crate) enum Ask {
 }
 
 impl Ask {
+    /// The store's ask: the same, a writer's waiter as an owner token.
+    pub(crate) fn for_store(self) -> crate::store::Ask {
+        use crate::store::Ask as StoreAsk;
+        match self {
+            Ask::Lock { replay } => StoreAsk::Lock { replay },
+            Ask::Permit { permits } => StoreAsk::Permit { permits },
+            Ask::Read => StoreAsk::Read,
+            Ask::Write { waiter } => StoreAsk::Write {
+                waiter: waiter.map(OwnerToken::from_u128),
+            },
+        }
+    }
+
     /// The kind of lease a grant of this ask is.
     pub(crate) fn kind(self) -> LeaseKind {
         match self {
@@ -347,12 +362,22 @@ mod tests {
         assert_eq!(first, Duration::from_millis(200));
         tokio::time::advance(Duration::from_millis(13)).await;
         let sent = Instant::now();
-        assert!(store.extend(&l.key, &l.owner, first).await.unwrap());
+        assert!(
+            store
+                .renew(LeaseKind::Lock, &l.key, &l.owner, first)
+                .await
+                .unwrap()
+        );
         l.renewed(sent, first);
         tokio::time::advance(Duration::from_millis(100)).await;
         let second = l.renewal_at(Instant::now());
         assert_eq!(second, Duration::from_millis(87));
-        assert!(store.extend(&l.key, &l.owner, second).await.unwrap());
+        assert!(
+            store
+                .renew(LeaseKind::Lock, &l.key, &l.owner, second)
+                .await
+                .unwrap()
+        );
         l.renewed(Instant::now(), second);
         assert!(
             l.valid_until() <= t0 + cap,

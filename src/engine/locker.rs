@@ -151,6 +151,12 @@ impl<S: LockStore> Locker<S> {
         &self.inner.store
     }
 
+    /// The store, shared.
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    pub(crate) fn store_arc(&self) -> Arc<S> {
+        Arc::clone(&self.inner.store)
+    }
+
     /// The configured lease.
     pub fn lease(&self) -> Duration {
         self.inner.opts.lease
@@ -302,7 +308,7 @@ impl<S: LockStore> Locker<S> {
         match kind {
             LeaseKind::Lock => &self.inner.queues,
             LeaseKind::Permit => &self.inner.permit_queues,
-            LeaseKind::Read | LeaseKind::Write => &self.inner.rw_queues,
+            LeaseKind::Read | LeaseKind::Write | LeaseKind::WriterMark => &self.inner.rw_queues,
         }
     }
 

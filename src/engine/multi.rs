@@ -80,7 +80,7 @@ impl<S: LockStore> Locker<S> {
     /// * **How**: one atomic step where the store keeps the keys in one
     ///   place (the memory store; a Redis primary or Sentinel; a Cluster
     ///   when the keys share a slot: give them one namespace and ids whose
-    ///   names hash alike, or see [`LockStore::acquire_all`]); otherwise
+    ///   names hash alike, or see [`LockStore::grant_all`]); otherwise
     ///   (a Cluster across slots, [`RedlockStore`](crate::RedlockStore)) the
     ///   keys one by one in the fixed order, the ones taken given back when
     ///   one is found held. Either way two callers asking for `{a, b}` and
@@ -247,7 +247,7 @@ impl<S: LockStore> Locker<S> {
                 PendingAttempt::new(recovery, UndoOf::Grant(LeaseKind::Lock, k, owner), &runtime)
             })
             .collect();
-        let answer = match store.acquire_all(keys, owner, first).await {
+        let answer = match store.grant_all(keys, owner, first, o.label.as_ref()).await {
             Ok(answer) => answer,
             Err(e) => {
                 pending.into_iter().for_each(PendingAttempt::failed);

@@ -4,13 +4,13 @@
 use super::locker::Locker;
 use crate::error::Error;
 use crate::key::LockKey;
-use crate::store::LockStore;
+use crate::store::OperatorStore;
 use crate::store::holder::{ForcedRelease, HolderInfo, HolderPage, ListCursor};
 
 /// The most locks [`Locker::list`] asks for per page.
 const MAX_PAGE: usize = 1000;
 
-impl<S: LockStore> Locker<S> {
+impl<S: OperatorStore> Locker<S> {
     /// Who holds `key` right now, as the store knows it (`None`: nobody).
     ///
     /// For operators: an opaque [`HolderId`](crate::HolderId) (never the

@@ -23,7 +23,7 @@ use super::queue::Queues;
 use super::recovery::{Recovery, Undo, spawn_detached};
 use crate::error::{Chain, Error};
 use crate::key::LockKey;
-use crate::store::{BoxStore, LeaseKind, LockStore, release_lease};
+use crate::store::{BoxStore, LeaseKind, LockStore};
 use crate::time::far_add;
 use crate::token::OwnerToken;
 
@@ -299,7 +299,7 @@ async fn release_retrying(
         }
         first = false;
         let (key, owner) = (&l.key, &l.owner);
-        let release = release_lease(store, l.kind, key, owner);
+        let release = store.release(l.kind, key, owner);
         match tokio::time::timeout_at(give_up, release).await {
             Ok(Ok(owned)) => return Some(owned),
             Ok(Err(e)) => {

@@ -35,7 +35,7 @@ use tokio::runtime::Handle;
 use super::health::Health;
 use crate::error::{Chain, Error};
 use crate::key::LockKey;
-use crate::store::{BoxStore, LeaseKind, LockStore, release_lease};
+use crate::store::{BoxStore, LeaseKind, LockStore};
 use crate::sync::lock;
 use crate::token::OwnerToken;
 
@@ -82,8 +82,8 @@ impl Undo {
     /// Runs the undo: `Ok(true)` when it took something back.
     async fn run(&self, store: &BoxStore) -> Result<bool, Error> {
         match self {
-            Undo::Grant { kind, key, owner } => release_lease(store, *kind, key, owner).await,
-            Undo::Mark { key, waiter } => store.withdraw_writer(key, waiter).await,
+            Undo::Grant { kind, key, owner } => store.release(*kind, key, owner).await,
+            Undo::Mark { key, waiter } => store.release(LeaseKind::WriterMark, key, waiter).await,
             Undo::HandBack {
                 key,
                 taker,
@@ -392,7 +392,7 @@ mod tests {
 
     use super::*;
     use crate::engine::test_support::{Counting, key};
-    use crate::store::AcquireOutcome;
+    use crate::store::{AcquireOutcome, LockStoreExt};
 
     fn recovery() -> (Arc<Recovery>, Arc<Counting>) {
         let store = Arc::new(Counting::default());

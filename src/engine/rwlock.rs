@@ -240,7 +240,13 @@ impl<S: LockStore> Withdraw<'_, S> {
             return;
         };
         let waiter = OwnerToken::from_u128(*waiter);
-        match self.locker.inner.store.withdraw_writer(key, &waiter).await {
+        match self
+            .locker
+            .inner
+            .store
+            .release(LeaseKind::WriterMark, key, &waiter)
+            .await
+        {
             Ok(_) => self.armed = None,
             Err(e) => {
                 tracing::debug!(key = %key, error = %crate::error::Chain(&e), "taking a waiting writer's mark back failed; retrying in the background");

@@ -1,5 +1,6 @@
 //! Helpers for the engine's unit tests (compiled for tests only).
 
+use crate::store::LockStoreExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -136,24 +137,25 @@ impl Counting {
                 source: "test: the store refuses at once".into(),
             });
         }
-        self.inner.extend(key, owner, lease).await
+        self.inner
+            .renew(crate::store::LeaseKind::Lock, key, owner, lease)
+            .await
     }
 }
 
 impl LockStore for Counting {
-    async fn acquire(
+    async fn grant(
         &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
+        grant: crate::store::Grant<'_>,
     ) -> Result<AcquireOutcome, crate::error::Error> {
         self.acquires
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.inner.acquire(key, owner, lease).await
+        self.inner.grant(grant).await
     }
 
-    async fn extend(
+    async fn renew(
         &self,
+        _kind: crate::store::LeaseKind,
         key: &LockKey,
         owner: &OwnerToken,
         lease: Duration,
@@ -164,7 +166,7 @@ impl LockStore for Counting {
 
     /// Every renewal of the batch counts as sent at once, as over Redis
     /// (one pipelined write), before any of them stalls.
-    async fn extend_many(
+    async fn renew_many(
         &self,
         renewals: &[crate::store::Renewal],
     ) -> Vec<Result<bool, crate::error::Error>> {
@@ -180,6 +182,7 @@ impl LockStore for Counting {
 
     async fn release(
         &self,
+        kind: crate::store::LeaseKind,
         key: &LockKey,
         owner: &OwnerToken,
     ) -> Result<bool, crate::error::Error> {
@@ -193,7 +196,7 @@ impl LockStore for Counting {
                 source: "test: WRONGTYPE".into(),
             });
         }
-        self.inner.release(key, owner).await
+        self.inner.release(kind, key, owner).await
     }
 
     async fn finish(

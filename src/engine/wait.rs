@@ -18,7 +18,7 @@ use crate::error::Error;
 use crate::error::{Chain, ConfigError};
 use crate::key::LockKey;
 use crate::observe::{self, Outcome};
-use crate::store::{AcquireOutcome, LeaseKind, LockStore, ReleaseWatch};
+use crate::store::{AcquireOutcome, Grant, LeaseKind, LockStore, ReleaseWatch};
 use crate::time::{drift, far_add};
 use crate::token::{OwnerToken, Unfenced};
 
@@ -276,21 +276,8 @@ impl<S: LockStore> Locker<S> {
         let pending = PendingAttempt::new(&self.inner.recovery, undo, &runtime);
         // On an error (timeout, connection lost) or a drop the grant may
         // still have happened, or happen later: `pending` has it released.
-        let outcome = match ask {
-            Ask::Lock { replay } => {
-                store
-                    .acquire_labelled(key, owner, first, o.label.as_ref(), replay)
-                    .await
-            }
-            Ask::Permit { permits } => store.acquire_permit(key, owner, permits, first).await,
-            Ask::Read => store.acquire_read(key, owner, first).await,
-            Ask::Write { waiter } => {
-                let waiter = waiter.map(OwnerToken::from_u128);
-                store
-                    .acquire_write(key, owner, waiter.as_ref(), first)
-                    .await
-            }
-        };
+        let grant = Grant::new(key, owner, first, ask.for_store()).label(o.label.as_ref());
+        let outcome = store.grant(grant).await;
         let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(e) => {

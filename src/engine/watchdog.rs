@@ -8,7 +8,7 @@
 //! renewal time (lease/3 after the last successful renewal started) or, while
 //! a renewal is in flight, its validity deadline. When it wakes, it gathers
 //! every lease due within a small coalescing window and renews them with
-//! [`LockStore::extend_many`] in batches — one pipelined round trip per batch
+//! [`LockStore::renew_many`] in batches — one pipelined round trip per batch
 //! for the Redis stores — instead of one timer task and round trip per lock.
 //!
 //! The store answers each lease of a batch on its own, and each answer
@@ -327,7 +327,7 @@ async fn run<S: LockStore>(
                 // counts as failed, as any renewal left without an answer
                 // does, and is retried after a pause, never left in flight
                 // (and never renewed again) for good.
-                let results = AssertUnwindSafe(async { store.extend_many(&renewals).await })
+                let results = AssertUnwindSafe(async { store.renew_many(&renewals).await })
                     .catch_unwind()
                     .await
                     .unwrap_or_else(|_| {

@@ -141,7 +141,8 @@ pub(crate) struct Config<St> {
     pub(crate) hold_until_body_end: bool,
     pub(crate) idempotency: Option<Idempotency>,
     pub(crate) expose_lock_key: bool,
-    pub(crate) expose_holder: bool,
+    /// The store's operator view, when the layer exposes the holder.
+    pub(crate) expose_holder: Option<crate::store::BoxStore>,
     pub(crate) on_rejection: Option<RejectionHook>,
     pub(crate) retry_after: RetryAfter,
     pub(crate) holds: HoldTimes,

@@ -138,7 +138,7 @@ impl<St: LockStore> LockLayer<St> {
                 hold_until_body_end: false,
                 idempotency: None,
                 expose_lock_key: false,
-                expose_holder: false,
+                expose_holder: None,
                 on_rejection: None,
                 retry_after: RetryAfter::default(),
                 holds: HoldTimes::for_policy(RetryAfter::default()),
@@ -466,8 +466,17 @@ impl<St: LockStore> LockLayerBuilder<St> {
     /// a host or a request id): turn it on for internal callers only. It
     /// costs one more store call per refused request; a failed look leaves
     /// the member out.
-    pub fn expose_holder(mut self, expose: bool) -> Self {
-        self.config.expose_holder = expose;
+    ///
+    /// The store must keep the operator's view ([`OperatorStore`]): every
+    /// store of this crate does.
+    ///
+    /// [`OperatorStore`]: crate::OperatorStore
+    pub fn expose_holder(mut self, expose: bool) -> Self
+    where
+        St: crate::store::OperatorStore,
+    {
+        self.config.expose_holder =
+            expose.then(|| crate::store::BoxStore::operator_view(self.config.locker.store_arc()));
         self
     }
 

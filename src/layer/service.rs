@@ -23,7 +23,7 @@ use super::replay::{finish, replay};
 use crate::engine::{Acquired, LockGuard};
 use crate::error::{BoxError, Chain, Error};
 use crate::key::LockKey;
-use crate::store::{LockStore, RwMode};
+use crate::store::{LockStore, OperatorStore, RwMode};
 use crate::token::FencingToken;
 
 /// Namespace used when no namespace is set and no route matched.
@@ -457,9 +457,9 @@ async fn take<St: LockStore, B>(
             Err(match e {
                 Error::Contended { retry_after, .. } | Error::WaitTimeout { retry_after, .. } => {
                     let p = p.with_retry_after(c.contention_retry(retry_after));
-                    if c.expose_holder {
+                    if let Some(view) = &c.expose_holder {
                         // Opted in: who holds it, if the store says.
-                        p.with_holder(c.locker.inspect(key).await.ok().flatten())
+                        p.with_holder(OperatorStore::inspect(view, key).await.ok().flatten())
                     } else {
                         p
                     }

@@ -1,9 +1,8 @@
 //! [`BoxStore`]: any [`LockStore`] behind one type (the way axum's
 //! `BoxCloneService` erases a service).
 //!
-//! Over 400 lines only with its unit tests: the object-safe mirror of
-//! [`LockStore`] spells every method out twice (declared, forwarded), and
-//! the tests need a store that overrides every defaulted method.
+//! The object-safe mirror of [`LockStore`] and [`OperatorStore`] spells
+//! every method out twice (declared, forwarded).
 
 use std::any::Any;
 use std::fmt;
@@ -15,7 +14,10 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::holder::{ForcedRelease, HolderInfo, HolderLabel, HolderPage, ListCursor};
-use super::{AcquireAllOutcome, AcquireOutcome, LockStore, ReleaseWatch, Renewal, RwMode};
+use super::{
+    AcquireAllOutcome, AcquireOutcome, Grant, LeaseKind, LockStore, OperatorStore, ReleaseWatch,
+    Renewal,
+};
 use crate::error::Error;
 use crate::key::LockKey;
 use crate::token::OwnerToken;
@@ -77,16 +79,19 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// ```
 ///
 /// Every call, including the ones [`LockStore`] gives a default for
-/// ([`extend_many`](LockStore::extend_many),
-/// [`acquire_or_replay`](LockStore::acquire_or_replay),
+/// ([`renew_many`](LockStore::renew_many),
+/// [`grant_all`](LockStore::grant_all),
 /// [`instance_id`](LockStore::instance_id)), goes to the inner store's own
-/// implementation: a store that pipelines a batch or replays in one round
-/// trip still does so when boxed. Clones share the inner store, and a
-/// `BoxStore` has the inner store's `instance_id`, so a guard granted
-/// through the bare store is re-entered through the boxed one.
+/// implementation: a store that pipelines a batch still does so when
+/// boxed. Clones share the inner store, and a `BoxStore` has the inner
+/// store's `instance_id`, so a guard granted through the bare store is
+/// re-entered through the boxed one.
 #[derive(Clone)]
 pub struct BoxStore {
     inner: Arc<dyn DynLockStore>,
+    /// The inner store's operator view (the same store), `None` when it
+    /// was boxed by the engine from a store that has none.
+    operator: Option<Arc<dyn DynOperatorStore>>,
     /// The inner store's type, for `Debug`.
     type_name: &'static str,
 }
@@ -94,7 +99,7 @@ pub struct BoxStore {
 impl BoxStore {
     /// Boxes `store`. A `BoxStore` given to it is returned as it is, not
     /// boxed twice.
-    pub fn new<S: LockStore>(store: S) -> Self {
+    pub fn new<S: OperatorStore>(store: S) -> Self {
         let mut slot = Some(store);
         if let Some(boxed) = (&mut slot as &mut dyn Any)
             .downcast_mut::<Option<BoxStore>>()
@@ -105,8 +110,10 @@ impl BoxStore {
         let Some(store) = slot else {
             unreachable!("only a BoxStore is taken out of the slot")
         };
+        let store = Arc::new(store);
         BoxStore {
-            inner: Arc::new(store),
+            inner: store.clone(),
+            operator: Some(store),
             type_name: std::any::type_name::<S>(),
         }
     }
@@ -123,13 +130,32 @@ impl BoxStore {
 
 impl BoxStore {
     /// Erases a store the caller already shares (the locker's), without
-    /// another allocation of the store. A `BoxStore` is handed back as it is.
+    /// another allocation of the store. A `BoxStore` is handed back as it
+    /// is. The engine's own erasure: it needs no operator view (a store
+    /// boxed here answers the operator's calls with an error).
     pub(crate) fn from_arc<S: LockStore>(store: Arc<S>) -> Self {
         if let Some(boxed) = (&store as &dyn Any).downcast_ref::<Arc<BoxStore>>() {
             return BoxStore::clone(boxed);
         }
         BoxStore {
             inner: store,
+            operator: None,
+            type_name: std::any::type_name::<S>(),
+        }
+    }
+}
+
+impl BoxStore {
+    /// Erases a shared store with its operator view (for a layer that
+    /// [exposes the holder](crate::LockLayerBuilder::expose_holder)).
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    pub(crate) fn operator_view<S: OperatorStore>(store: Arc<S>) -> Self {
+        if let Some(boxed) = (&store as &dyn Any).downcast_ref::<Arc<BoxStore>>() {
+            return BoxStore::clone(boxed);
+        }
+        BoxStore {
+            inner: store.clone(),
+            operator: Some(store),
             type_name: std::any::type_name::<S>(),
         }
     }
@@ -142,30 +168,35 @@ impl fmt::Debug for BoxStore {
 }
 
 impl LockStore for BoxStore {
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
-        self.inner.acquire_boxed(key, owner, lease).await
+    fn supports(&self, kind: LeaseKind) -> bool {
+        self.inner.supports_boxed(kind)
     }
 
-    async fn extend(
+    async fn grant(&self, grant: Grant<'_>) -> Result<AcquireOutcome, Error> {
+        self.inner.grant_boxed(grant).await
+    }
+
+    async fn renew(
         &self,
+        kind: LeaseKind,
         key: &LockKey,
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<bool, Error> {
-        self.inner.extend_boxed(key, owner, lease).await
+        self.inner.renew_boxed(kind, key, owner, lease).await
     }
 
-    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
-        self.inner.extend_many_boxed(renewals).await
+    async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
+        self.inner.renew_many_boxed(renewals).await
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
-        self.inner.release_boxed(key, owner).await
+    async fn release(
+        &self,
+        kind: LeaseKind,
+        key: &LockKey,
+        owner: &OwnerToken,
+    ) -> Result<bool, Error> {
+        self.inner.release_boxed(kind, key, owner).await
     }
 
     async fn transfer(
@@ -178,13 +209,8 @@ impl LockStore for BoxStore {
         self.inner.transfer_boxed(key, from, to, lease).await
     }
 
-    async fn acquire_or_replay(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
-        self.inner.acquire_or_replay_boxed(key, owner, lease).await
+    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {
+        self.inner.subscribe_boxed(key).await
     }
 
     async fn finish(
@@ -201,102 +227,38 @@ impl LockStore for BoxStore {
         self.inner.read_record_boxed(key).await
     }
 
-    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {
-        self.inner.subscribe_boxed(key).await
-    }
-
-    async fn acquire_permit(
+    async fn grant_all(
         &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        permits: u32,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
-        self.inner
-            .acquire_permit_boxed(key, owner, permits, lease)
-            .await
-    }
-
-    async fn extend_permit(
-        &self,
-        key: &LockKey,
+        keys: &[LockKey],
         owner: &OwnerToken,
         lease: Duration,
-    ) -> Result<bool, Error> {
-        self.inner.extend_permit_boxed(key, owner, lease).await
+        label: Option<&HolderLabel>,
+    ) -> Result<AcquireAllOutcome, Error> {
+        self.inner.grant_all_boxed(keys, owner, lease, label).await
     }
 
-    async fn release_permit(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
-        self.inner.release_permit_boxed(key, owner).await
-    }
-
-    async fn acquire_read(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
-        self.inner.acquire_read_boxed(key, owner, lease).await
-    }
-
-    async fn acquire_write(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        waiter: Option<&OwnerToken>,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
-        self.inner
-            .acquire_write_boxed(key, owner, waiter, lease)
-            .await
-    }
-
-    async fn extend_rw(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        mode: RwMode,
-        lease: Duration,
-    ) -> Result<bool, Error> {
-        self.inner.extend_rw_boxed(key, owner, mode, lease).await
-    }
-
-    async fn release_rw(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        mode: RwMode,
-    ) -> Result<bool, Error> {
-        self.inner.release_rw_boxed(key, owner, mode).await
-    }
-
-    async fn withdraw_writer(&self, key: &LockKey, waiter: &OwnerToken) -> Result<bool, Error> {
-        self.inner.withdraw_writer_boxed(key, waiter).await
+    async fn release_all(&self, keys: &[LockKey], owner: &OwnerToken) -> Result<Vec<bool>, Error> {
+        self.inner.release_all_boxed(keys, owner).await
     }
 
     async fn check(&self) -> Result<(), Error> {
         self.inner.check_boxed().await
     }
 
-    fn supports(&self, kind: super::LeaseKind) -> bool {
-        self.inner.supports_boxed(kind)
+    fn instance_id(&self) -> usize {
+        self.inner.instance_id_boxed()
     }
+}
 
-    async fn acquire_labelled(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-        label: Option<&HolderLabel>,
-        replay: bool,
-    ) -> Result<AcquireOutcome, Error> {
-        self.inner
-            .acquire_labelled_boxed(key, owner, lease, label, replay)
-            .await
-    }
-
+impl OperatorStore for BoxStore {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        self.inner.inspect_boxed(key).await
+        match &self.operator {
+            Some(op) => op.inspect_boxed(key).await,
+            None => Err(super::unsupported(
+                crate::error::Operation::Inspect,
+                Some(key),
+            )),
+        }
     }
 
     async fn list(
@@ -305,56 +267,46 @@ impl LockStore for BoxStore {
         cursor: &ListCursor,
         count: usize,
     ) -> Result<HolderPage, Error> {
-        self.inner.list_boxed(namespace, cursor, count).await
+        match &self.operator {
+            Some(op) => op.list_boxed(namespace, cursor, count).await,
+            None => Err(super::unsupported(crate::error::Operation::List, None)),
+        }
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<ForcedRelease, Error> {
-        self.inner.force_release_boxed(key).await
-    }
-
-    async fn acquire_all(
-        &self,
-        keys: &[LockKey],
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<AcquireAllOutcome, Error> {
-        self.inner.acquire_all_boxed(keys, owner, lease).await
-    }
-
-    async fn release_all(&self, keys: &[LockKey], owner: &OwnerToken) -> Result<Vec<bool>, Error> {
-        self.inner.release_all_boxed(keys, owner).await
-    }
-
-    fn instance_id(&self) -> usize {
-        self.inner.instance_id_boxed()
+        match &self.operator {
+            Some(op) => op.force_release_boxed(key).await,
+            None => Err(super::unsupported(
+                crate::error::Operation::ForceRelease,
+                Some(key),
+            )),
+        }
     }
 }
 
-/// [`LockStore`] made object-safe: the same methods, one for one, each
-/// answering a boxed future. Implemented for every store by forwarding to
-/// its own methods (default ones included).
+/// The object-safe mirror of [`LockStore`]: the same methods, returning
+/// boxed futures. Implemented for every store; only `BoxStore` calls it.
 trait DynLockStore: Send + Sync + 'static {
-    fn acquire_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>>;
+    fn supports_boxed(&self, kind: LeaseKind) -> bool;
 
-    fn extend_boxed<'a>(
+    fn grant_boxed<'a>(&'a self, grant: Grant<'a>) -> BoxFuture<'a, Result<AcquireOutcome, Error>>;
+
+    fn renew_boxed<'a>(
         &'a self,
+        kind: LeaseKind,
         key: &'a LockKey,
         owner: &'a OwnerToken,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>>;
 
-    fn extend_many_boxed<'a>(
+    fn renew_many_boxed<'a>(
         &'a self,
         renewals: &'a [Renewal],
     ) -> BoxFuture<'a, Vec<Result<bool, Error>>>;
 
     fn release_boxed<'a>(
         &'a self,
+        kind: LeaseKind,
         key: &'a LockKey,
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, Error>>;
@@ -367,12 +319,10 @@ trait DynLockStore: Send + Sync + 'static {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>>;
 
-    fn acquire_or_replay_boxed<'a>(
+    fn subscribe_boxed<'a>(
         &'a self,
         key: &'a LockKey,
-        owner: &'a OwnerToken,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>>;
+    ) -> BoxFuture<'a, Result<ReleaseWatch, Error>>;
 
     fn finish_boxed<'a>(
         &'a self,
@@ -387,103 +337,12 @@ trait DynLockStore: Send + Sync + 'static {
         key: &'a LockKey,
     ) -> BoxFuture<'a, Result<Option<Bytes>, Error>>;
 
-    fn subscribe_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-    ) -> BoxFuture<'a, Result<ReleaseWatch, Error>>;
-
-    fn acquire_permit_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-        permits: u32,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>>;
-
-    fn extend_permit_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, Error>>;
-
-    fn release_permit_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-    ) -> BoxFuture<'a, Result<bool, Error>>;
-
-    fn acquire_read_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>>;
-
-    fn acquire_write_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-        waiter: Option<&'a OwnerToken>,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>>;
-
-    fn extend_rw_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-        mode: RwMode,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, Error>>;
-
-    fn release_rw_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-        mode: RwMode,
-    ) -> BoxFuture<'a, Result<bool, Error>>;
-
-    fn withdraw_writer_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        waiter: &'a OwnerToken,
-    ) -> BoxFuture<'a, Result<bool, Error>>;
-
-    fn check_boxed(&self) -> BoxFuture<'_, Result<(), Error>>;
-
-    fn supports_boxed(&self, kind: super::LeaseKind) -> bool;
-
-    fn acquire_labelled_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-        lease: Duration,
-        label: Option<&'a HolderLabel>,
-        replay: bool,
-    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>>;
-
-    fn inspect_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-    ) -> BoxFuture<'a, Result<Option<HolderInfo>, Error>>;
-
-    fn list_boxed<'a>(
-        &'a self,
-        namespace: &'a str,
-        cursor: &'a ListCursor,
-        count: usize,
-    ) -> BoxFuture<'a, Result<HolderPage, Error>>;
-
-    fn force_release_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-    ) -> BoxFuture<'a, Result<ForcedRelease, Error>>;
-
-    fn acquire_all_boxed<'a>(
+    fn grant_all_boxed<'a>(
         &'a self,
         keys: &'a [LockKey],
         owner: &'a OwnerToken,
         lease: Duration,
+        label: Option<&'a HolderLabel>,
     ) -> BoxFuture<'a, Result<AcquireAllOutcome, Error>>;
 
     fn release_all_boxed<'a>(
@@ -492,41 +351,44 @@ trait DynLockStore: Send + Sync + 'static {
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<Vec<bool>, Error>>;
 
+    fn check_boxed(&self) -> BoxFuture<'_, Result<(), Error>>;
+
     fn instance_id_boxed(&self) -> usize;
 }
 
 impl<S: LockStore> DynLockStore for S {
-    fn acquire_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>> {
-        Box::pin(LockStore::acquire(self, key, owner, lease))
+    fn supports_boxed(&self, kind: LeaseKind) -> bool {
+        LockStore::supports(self, kind)
     }
 
-    fn extend_boxed<'a>(
+    fn grant_boxed<'a>(&'a self, grant: Grant<'a>) -> BoxFuture<'a, Result<AcquireOutcome, Error>> {
+        Box::pin(LockStore::grant(self, grant))
+    }
+
+    fn renew_boxed<'a>(
         &'a self,
+        kind: LeaseKind,
         key: &'a LockKey,
         owner: &'a OwnerToken,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(LockStore::extend(self, key, owner, lease))
+        Box::pin(LockStore::renew(self, kind, key, owner, lease))
     }
 
-    fn extend_many_boxed<'a>(
+    fn renew_many_boxed<'a>(
         &'a self,
         renewals: &'a [Renewal],
     ) -> BoxFuture<'a, Vec<Result<bool, Error>>> {
-        Box::pin(LockStore::extend_many(self, renewals))
+        Box::pin(LockStore::renew_many(self, renewals))
     }
 
     fn release_boxed<'a>(
         &'a self,
+        kind: LeaseKind,
         key: &'a LockKey,
         owner: &'a OwnerToken,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(LockStore::release(self, key, owner))
+        Box::pin(LockStore::release(self, kind, key, owner))
     }
 
     fn transfer_boxed<'a>(
@@ -539,13 +401,11 @@ impl<S: LockStore> DynLockStore for S {
         Box::pin(LockStore::transfer(self, key, from, to, lease))
     }
 
-    fn acquire_or_replay_boxed<'a>(
+    fn subscribe_boxed<'a>(
         &'a self,
         key: &'a LockKey,
-        owner: &'a OwnerToken,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>> {
-        Box::pin(LockStore::acquire_or_replay(self, key, owner, lease))
+    ) -> BoxFuture<'a, Result<ReleaseWatch, Error>> {
+        Box::pin(LockStore::subscribe(self, key))
     }
 
     fn finish_boxed<'a>(
@@ -565,137 +425,14 @@ impl<S: LockStore> DynLockStore for S {
         Box::pin(LockStore::read_record(self, key))
     }
 
-    fn subscribe_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-    ) -> BoxFuture<'a, Result<ReleaseWatch, Error>> {
-        Box::pin(LockStore::subscribe(self, key))
-    }
-
-    fn acquire_permit_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-        permits: u32,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>> {
-        Box::pin(LockStore::acquire_permit(self, key, owner, permits, lease))
-    }
-
-    fn extend_permit_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(LockStore::extend_permit(self, key, owner, lease))
-    }
-
-    fn release_permit_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(LockStore::release_permit(self, key, owner))
-    }
-
-    fn acquire_read_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>> {
-        Box::pin(LockStore::acquire_read(self, key, owner, lease))
-    }
-
-    fn acquire_write_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-        waiter: Option<&'a OwnerToken>,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>> {
-        Box::pin(LockStore::acquire_write(self, key, owner, waiter, lease))
-    }
-
-    fn extend_rw_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-        mode: RwMode,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(LockStore::extend_rw(self, key, owner, mode, lease))
-    }
-
-    fn release_rw_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-        mode: RwMode,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(LockStore::release_rw(self, key, owner, mode))
-    }
-
-    fn withdraw_writer_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        waiter: &'a OwnerToken,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(LockStore::withdraw_writer(self, key, waiter))
-    }
-
-    fn check_boxed(&self) -> BoxFuture<'_, Result<(), Error>> {
-        Box::pin(LockStore::check(self))
-    }
-
-    fn supports_boxed(&self, kind: super::LeaseKind) -> bool {
-        LockStore::supports(self, kind)
-    }
-
-    fn acquire_labelled_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        owner: &'a OwnerToken,
-        lease: Duration,
-        label: Option<&'a HolderLabel>,
-        replay: bool,
-    ) -> BoxFuture<'a, Result<AcquireOutcome, Error>> {
-        Box::pin(LockStore::acquire_labelled(
-            self, key, owner, lease, label, replay,
-        ))
-    }
-
-    fn inspect_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-    ) -> BoxFuture<'a, Result<Option<HolderInfo>, Error>> {
-        Box::pin(LockStore::inspect(self, key))
-    }
-
-    fn list_boxed<'a>(
-        &'a self,
-        namespace: &'a str,
-        cursor: &'a ListCursor,
-        count: usize,
-    ) -> BoxFuture<'a, Result<HolderPage, Error>> {
-        Box::pin(LockStore::list(self, namespace, cursor, count))
-    }
-
-    fn force_release_boxed<'a>(
-        &'a self,
-        key: &'a LockKey,
-    ) -> BoxFuture<'a, Result<ForcedRelease, Error>> {
-        Box::pin(LockStore::force_release(self, key))
-    }
-
-    fn acquire_all_boxed<'a>(
+    fn grant_all_boxed<'a>(
         &'a self,
         keys: &'a [LockKey],
         owner: &'a OwnerToken,
         lease: Duration,
+        label: Option<&'a HolderLabel>,
     ) -> BoxFuture<'a, Result<AcquireAllOutcome, Error>> {
-        Box::pin(LockStore::acquire_all(self, keys, owner, lease))
+        Box::pin(LockStore::grant_all(self, keys, owner, lease, label))
     }
 
     fn release_all_boxed<'a>(
@@ -706,8 +443,57 @@ impl<S: LockStore> DynLockStore for S {
         Box::pin(LockStore::release_all(self, keys, owner))
     }
 
+    fn check_boxed(&self) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(LockStore::check(self))
+    }
+
     fn instance_id_boxed(&self) -> usize {
         LockStore::instance_id(self)
+    }
+}
+
+/// The object-safe mirror of [`OperatorStore`].
+trait DynOperatorStore: Send + Sync + 'static {
+    fn inspect_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<Option<HolderInfo>, Error>>;
+
+    fn list_boxed<'a>(
+        &'a self,
+        namespace: &'a str,
+        cursor: &'a ListCursor,
+        count: usize,
+    ) -> BoxFuture<'a, Result<HolderPage, Error>>;
+
+    fn force_release_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<ForcedRelease, Error>>;
+}
+
+impl<S: OperatorStore> DynOperatorStore for S {
+    fn inspect_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<Option<HolderInfo>, Error>> {
+        Box::pin(OperatorStore::inspect(self, key))
+    }
+
+    fn list_boxed<'a>(
+        &'a self,
+        namespace: &'a str,
+        cursor: &'a ListCursor,
+        count: usize,
+    ) -> BoxFuture<'a, Result<HolderPage, Error>> {
+        Box::pin(OperatorStore::list(self, namespace, cursor, count))
+    }
+
+    fn force_release_boxed<'a>(
+        &'a self,
+        key: &'a LockKey,
+    ) -> BoxFuture<'a, Result<ForcedRelease, Error>> {
+        Box::pin(OperatorStore::force_release(self, key))
     }
 }
 

@@ -9,7 +9,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::holder::{ForcedRelease, HolderId, HolderInfo, HolderLabel, HolderPage, ListCursor};
-use super::{AcquireAllOutcome, AcquireOutcome, LockStore, ReleaseWatch, RwMode};
+use super::{
+    AcquireAllOutcome, AcquireOutcome, Ask, Grant, LeaseKind, LockStore, OperatorStore,
+    ReleaseWatch,
+};
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
 use crate::time::far_add;
@@ -495,38 +498,137 @@ impl LockStore for MemoryStore {
         Arc::as_ptr(&self.state).cast::<()>() as usize
     }
 
-    fn supports(&self, _kind: super::LeaseKind) -> bool {
+    fn supports(&self, _kind: LeaseKind) -> bool {
         true
     }
 
-    async fn acquire(
+    async fn grant(&self, grant: Grant<'_>) -> Result<AcquireOutcome, Error> {
+        let now = Instant::now();
+        let (key, owner, lease) = (grant.key, grant.owner, grant.lease);
+        let mut st = self.lock_for(Operation::Acquire, key)?;
+        Ok(match grant.ask {
+            Ask::Lock { replay } => {
+                if replay && let Some(record) = st.record(key, now) {
+                    return Ok(AcquireOutcome::Completed(record));
+                }
+                st.acquire(key, owner, lease, grant.label, now)
+            }
+            Ask::Permit { permits } => st.acquire_permit(key, owner, permits, lease, now),
+            Ask::Read => st.acquire_read(key, owner, lease, now),
+            Ask::Write { waiter } => st.acquire_write(key, owner, waiter.as_ref(), lease, now),
+        })
+    }
+
+    async fn renew(
         &self,
+        kind: LeaseKind,
         key: &LockKey,
         owner: &OwnerToken,
         lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
+    ) -> Result<bool, Error> {
+        let now = Instant::now();
+        let mut st = self.lock_for(Operation::Extend, key)?;
+        Ok(match kind {
+            LeaseKind::Lock => st.renew(key, owner, None, lease, now),
+            LeaseKind::Permit => match st
+                .live_permits(key, now)
+                .and_then(|held| held.get_mut(owner))
+            {
+                Some(expires) => {
+                    *expires = far_add(now, lease);
+                    true
+                }
+                None => false,
+            },
+            _ => st.extend_rw(key, owner, kind, lease, now),
+        })
+    }
+
+    async fn transfer(
+        &self,
+        key: &LockKey,
+        from: &OwnerToken,
+        to: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        let mut st = self.lock_for(Operation::Extend, key)?;
+        Ok(st.renew(key, from, Some(to), lease, Instant::now()))
+    }
+
+    async fn release(
+        &self,
+        kind: LeaseKind,
+        key: &LockKey,
+        owner: &OwnerToken,
+    ) -> Result<bool, Error> {
+        let now = Instant::now();
+        let mut st = self.lock_for(Operation::Release, key)?;
+        Ok(match kind {
+            LeaseKind::Lock => st.release(key, owner, now),
+            LeaseKind::Permit => st.release_permit(key, owner, now),
+            _ => st.release_rw(key, owner, kind, now),
+        })
+    }
+
+    async fn finish(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        record: Bytes,
+        retention: Duration,
+    ) -> Result<bool, Error> {
+        let now = Instant::now();
+        let mut st = self.lock_for(Operation::Release, key)?;
+        let ours = matches!(st.live(key, now), Some(h) if h.owner == *owner);
+        if ours {
+            st.records
+                .insert(key.clone(), (record, far_add(now, retention)));
+            st.release(key, owner, now);
+        }
+        Ok(ours)
+    }
+
+    async fn read_record(&self, key: &LockKey) -> Result<Option<Bytes>, Error> {
+        let now = Instant::now();
+        Ok(self.lock_for(Operation::Acquire, key)?.record(key, now))
+    }
+
+    async fn grant_all(
+        &self,
+        keys: &[LockKey],
+        owner: &OwnerToken,
+        lease: Duration,
+        _label: Option<&HolderLabel>,
+    ) -> Result<AcquireAllOutcome, Error> {
         let now = Instant::now();
         Ok(self
-            .lock_for(Operation::Acquire, key)?
-            .acquire(key, owner, lease, None, now))
+            .lock_for(Operation::Acquire, keys.first())?
+            .acquire_all(keys, owner, lease, now))
     }
 
-    async fn acquire_labelled(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-        label: Option<&HolderLabel>,
-        replay: bool,
-    ) -> Result<AcquireOutcome, Error> {
+    async fn release_all(&self, keys: &[LockKey], owner: &OwnerToken) -> Result<Vec<bool>, Error> {
         let now = Instant::now();
-        let mut st = self.lock_for(Operation::Acquire, key)?;
-        if replay && let Some(record) = st.record(key, now) {
-            return Ok(AcquireOutcome::Completed(record));
-        }
-        Ok(st.acquire(key, owner, lease, label, now))
+        Ok(self
+            .lock_for(Operation::Release, keys.first())?
+            .release_all(keys, owner, now))
     }
 
+    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {
+        let rx = {
+            let mut st = self.lock_for(Operation::Subscribe, key)?;
+            st.watchers
+                .entry(key.clone())
+                .or_insert_with(|| watch::channel(0).0)
+                .subscribe()
+        };
+        Ok(ReleaseWatch::new(rx).with_guard(Unwatch {
+            state: Arc::downgrade(&self.state),
+            key: key.clone(),
+        }))
+    }
+}
+
+impl OperatorStore for MemoryStore {
     async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
         let now = Instant::now();
         Ok(self.lock_for(Operation::Inspect, key)?.inspect(key, now))
@@ -588,201 +690,6 @@ impl LockStore for MemoryStore {
             released,
             fence: Some(fence),
         })
-    }
-
-    async fn acquire_or_replay(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
-        let now = Instant::now();
-        let mut st = self.lock_for(Operation::Acquire, key)?;
-        if let Some(record) = st.record(key, now) {
-            return Ok(AcquireOutcome::Completed(record));
-        }
-        Ok(st.acquire(key, owner, lease, None, now))
-    }
-
-    async fn finish(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        record: Bytes,
-        retention: Duration,
-    ) -> Result<bool, Error> {
-        let now = Instant::now();
-        let mut st = self.lock_for(Operation::Release, key)?;
-        let ours = matches!(st.live(key, now), Some(h) if h.owner == *owner);
-        if ours {
-            st.records
-                .insert(key.clone(), (record, far_add(now, retention)));
-            st.release(key, owner, now);
-        }
-        Ok(ours)
-    }
-
-    async fn read_record(&self, key: &LockKey) -> Result<Option<Bytes>, Error> {
-        let now = Instant::now();
-        Ok(self.lock_for(Operation::Acquire, key)?.record(key, now))
-    }
-
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<bool, Error> {
-        let mut st = self.lock_for(Operation::Extend, key)?;
-        Ok(st.renew(key, owner, None, lease, Instant::now()))
-    }
-
-    async fn transfer(
-        &self,
-        key: &LockKey,
-        from: &OwnerToken,
-        to: &OwnerToken,
-        lease: Duration,
-    ) -> Result<bool, Error> {
-        let mut st = self.lock_for(Operation::Extend, key)?;
-        Ok(st.renew(key, from, Some(to), lease, Instant::now()))
-    }
-
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
-        let now = Instant::now();
-        Ok(self
-            .lock_for(Operation::Release, key)?
-            .release(key, owner, now))
-    }
-
-    async fn acquire_all(
-        &self,
-        keys: &[LockKey],
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<AcquireAllOutcome, Error> {
-        let now = Instant::now();
-        Ok(self
-            .lock_for(Operation::Acquire, keys.first())?
-            .acquire_all(keys, owner, lease, now))
-    }
-
-    async fn release_all(&self, keys: &[LockKey], owner: &OwnerToken) -> Result<Vec<bool>, Error> {
-        let now = Instant::now();
-        Ok(self
-            .lock_for(Operation::Release, keys.first())?
-            .release_all(keys, owner, now))
-    }
-
-    async fn acquire_permit(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        permits: u32,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
-        let now = Instant::now();
-        Ok(self
-            .lock_for(Operation::Acquire, key)?
-            .acquire_permit(key, owner, permits, lease, now))
-    }
-
-    async fn extend_permit(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<bool, Error> {
-        let now = Instant::now();
-        let mut st = self.lock_for(Operation::Extend, key)?;
-        match st
-            .live_permits(key, now)
-            .and_then(|held| held.get_mut(owner))
-        {
-            Some(expires) => {
-                *expires = far_add(now, lease);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
-    }
-
-    async fn release_permit(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
-        let now = Instant::now();
-        Ok(self
-            .lock_for(Operation::Release, key)?
-            .release_permit(key, owner, now))
-    }
-
-    async fn acquire_read(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
-        let now = Instant::now();
-        Ok(self
-            .lock_for(Operation::Acquire, key)?
-            .acquire_read(key, owner, lease, now))
-    }
-
-    async fn acquire_write(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        waiter: Option<&OwnerToken>,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
-        let now = Instant::now();
-        Ok(self
-            .lock_for(Operation::Acquire, key)?
-            .acquire_write(key, owner, waiter, lease, now))
-    }
-
-    async fn extend_rw(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        mode: RwMode,
-        lease: Duration,
-    ) -> Result<bool, Error> {
-        let now = Instant::now();
-        Ok(self
-            .lock_for(Operation::Extend, key)?
-            .extend_rw(key, owner, mode, lease, now))
-    }
-
-    async fn release_rw(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        mode: RwMode,
-    ) -> Result<bool, Error> {
-        let now = Instant::now();
-        Ok(self
-            .lock_for(Operation::Release, key)?
-            .release_rw(key, owner, mode, now))
-    }
-
-    async fn withdraw_writer(&self, key: &LockKey, waiter: &OwnerToken) -> Result<bool, Error> {
-        let now = Instant::now();
-        Ok(self
-            .lock_for(Operation::Release, key)?
-            .withdraw_writer(key, waiter, now))
-    }
-
-    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {
-        let rx = {
-            let mut st = self.lock_for(Operation::Subscribe, key)?;
-            st.watchers
-                .entry(key.clone())
-                .or_insert_with(|| watch::channel(0).0)
-                .subscribe()
-        };
-        Ok(ReleaseWatch::new(rx).with_guard(Unwatch {
-            state: Arc::downgrade(&self.state),
-            key: key.clone(),
-        }))
     }
 }
 

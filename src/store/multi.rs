@@ -1,4 +1,4 @@
-//! Several keys at once ([`LockStore::acquire_all`]): what a multi-key
+//! Several keys at once ([`LockStore::grant_all`]): what a multi-key
 //! grant answers, and the path every store has by default, built from the
 //! single-key operations: the keys one by one in the order given (the
 //! engine's fixed global order), the ones taken released again (rolled
@@ -6,12 +6,13 @@
 
 use std::time::Duration;
 
-use super::{AcquireOutcome, LockStore};
+use super::holder::HolderLabel;
+use super::{AcquireOutcome, Ask, Grant, LeaseKind, LockStore};
 use crate::error::Error;
 use crate::key::LockKey;
 use crate::token::{FencingToken, OwnerToken, Unfenced};
 
-/// What [`LockStore::acquire_all`] found.
+/// What [`LockStore::grant_all`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AcquireAllOutcome {
@@ -31,7 +32,7 @@ pub enum AcquireAllOutcome {
     },
 }
 
-/// The default [`LockStore::acquire_all`]: each key in the order given,
+/// The default [`LockStore::grant_all`]: each key in the order given,
 /// and on the first one held, the ones taken so far released again (in
 /// the reverse order) before answering [`AcquireAllOutcome::Held`].
 ///
@@ -45,10 +46,12 @@ pub(crate) async fn acquire_in_order<S: LockStore + ?Sized>(
     keys: &[LockKey],
     owner: &OwnerToken,
     lease: Duration,
+    label: Option<&HolderLabel>,
 ) -> Result<AcquireAllOutcome, Error> {
     let mut tokens = Vec::with_capacity(keys.len());
     for (index, key) in keys.iter().enumerate() {
-        let outcome = match store.acquire(key, owner, lease).await {
+        let grant = Grant::new(key, owner, lease, Ask::Lock { replay: false }).label(label);
+        let outcome = match store.grant(grant).await {
             Ok(outcome) => outcome,
             Err(e) => {
                 roll_back(store, &keys[..index], owner).await?;
@@ -83,7 +86,7 @@ async fn roll_back<S: LockStore + ?Sized>(
 ) -> Result<(), Error> {
     let mut first_error = None;
     for key in taken.iter().rev() {
-        if let Err(e) = store.release(key, owner).await {
+        if let Err(e) = store.release(LeaseKind::Lock, key, owner).await {
             first_error.get_or_insert(e);
         }
     }
@@ -101,7 +104,7 @@ pub(crate) async fn release_each<S: LockStore + ?Sized>(
     let mut owned = Vec::with_capacity(keys.len());
     let mut first_error = None;
     for key in keys {
-        match store.release(key, owner).await {
+        match store.release(LeaseKind::Lock, key, owner).await {
             Ok(ours) => owned.push(ours),
             Err(e) => {
                 owned.push(false);

@@ -9,8 +9,10 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use super::holder::{ForcedRelease, HolderInfo, HolderLabel, HolderPage, ListCursor};
-use super::{AcquireOutcome, LockStore, ReleaseWatch, Renewal};
+use super::holder::{ForcedRelease, HolderInfo, HolderPage, ListCursor};
+use super::{
+    AcquireOutcome, Ask, Grant, LeaseKind, LockStore, OperatorStore, ReleaseWatch, Renewal,
+};
 use crate::error::ConfigError;
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
@@ -44,7 +46,7 @@ use quorum::{gather, tally};
 ///   refusals leave no majority possible, and otherwise
 ///   [`Error::Unavailable`]: the watchdog retries a renewal and the lease
 ///   deadline decides, a release is retried by the guard. Each renewal of
-///   an [`extend_many`](LockStore::extend_many) batch is judged on its own;
+///   a [`renew_many`](LockStore::renew_many) batch is judged on its own;
 /// * a grant, or a finish, that does not count is undone on every node
 ///   (owner-checked); nodes that did not answer are tried again in the
 ///   background until the lease (for a finish, up to a minute) is over —
@@ -268,24 +270,12 @@ impl LockStore for RedlockStore {
         RedlockStore::check(self).await
     }
 
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
-        self.grant(key, owner, lease, None).await
-    }
-
-    async fn acquire_labelled(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-        label: Option<&HolderLabel>,
-        replay: bool,
-    ) -> Result<AcquireOutcome, Error> {
-        let outcome = self.grant(key, owner, lease, label).await?;
+    async fn grant(&self, grant: Grant<'_>) -> Result<AcquireOutcome, Error> {
+        let (key, owner, lease) = (grant.key, grant.owner, grant.lease);
+        let Ask::Lock { replay } = grant.ask else {
+            return Err(super::unsupported_kind(grant.kind()));
+        };
+        let outcome = self.grant_lock(key, owner, lease, grant.label).await?;
         if replay {
             super::replay_after_grant(self, key, owner, outcome).await
         } else {
@@ -293,34 +283,21 @@ impl LockStore for RedlockStore {
         }
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        self.inspect_majority(key).await
-    }
-
-    async fn list(
+    async fn renew(
         &self,
-        namespace: &str,
-        cursor: &ListCursor,
-        count: usize,
-    ) -> Result<HolderPage, Error> {
-        self.list_majority(namespace, cursor, count).await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<ForcedRelease, Error> {
-        self.force_release_everywhere(key).await
-    }
-
-    async fn extend(
-        &self,
+        kind: LeaseKind,
         key: &LockKey,
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<bool, Error> {
+        if kind != LeaseKind::Lock {
+            return Err(super::unsupported_kind(kind));
+        }
         let (k, o) = (key.clone(), owner.clone());
         let (yes, no) = self
             .at_quorum(move |node| {
                 let (k, o) = (k.clone(), o.clone());
-                async move { node.extend(&k, &o, lease).await }
+                async move { node.renew(LeaseKind::Lock, &k, &o, lease).await }
             })
             .await;
         self.verdict(Operation::Extend, key, yes, no)
@@ -345,7 +322,7 @@ impl LockStore for RedlockStore {
         self.verdict(Operation::Extend, key, yes, no)
     }
 
-    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
+    async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
         // Decided once every renewal of the batch is (a quorum of yes, or
         // refusals leaving none possible); the other nodes renew in the
         // background.
@@ -358,7 +335,7 @@ impl LockStore for RedlockStore {
             self.indexed(),
             move |node| {
                 let batch = batch.clone();
-                async move { node.extend_many(&batch).await }
+                async move { node.renew_many(&batch).await }
             },
             |a| {
                 (0..renewals.len()).all(|i| {
@@ -379,14 +356,22 @@ impl LockStore for RedlockStore {
             .collect()
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
+    async fn release(
+        &self,
+        kind: LeaseKind,
+        key: &LockKey,
+        owner: &OwnerToken,
+    ) -> Result<bool, Error> {
+        if kind != LeaseKind::Lock {
+            return Err(super::unsupported_kind(kind));
+        }
         // Decided at a quorum of yes, or when refusals leave none possible;
         // the other nodes release in the background.
         let (k, o) = (key.clone(), owner.clone());
         let (yes, no) = self
             .at_quorum(move |node| {
                 let (k, o) = (k.clone(), o.clone());
-                async move { node.release(&k, &o).await }
+                async move { node.release(LeaseKind::Lock, &k, &o).await }
             })
             .await;
         self.verdict(Operation::Release, key, yes, no)
@@ -502,6 +487,25 @@ impl LockStore for RedlockStore {
             Ok(true) => Ok(released.with_guard(forward)),
             _ => Ok(ReleaseWatch::never()),
         }
+    }
+}
+
+impl OperatorStore for RedlockStore {
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        self.inspect_majority(key).await
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        cursor: &ListCursor,
+        count: usize,
+    ) -> Result<HolderPage, Error> {
+        self.list_majority(namespace, cursor, count).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ForcedRelease, Error> {
+        self.force_release_everywhere(key).await
     }
 }
 

@@ -1,11 +1,10 @@
-//! The store side of a key's reader-writer lock: which side a lease holds,
-//! and the answer of a store that has none.
+//! Which side of a key's reader-writer lock a lease holds.
 
-use crate::error::{ConfigError, Error};
+use super::LeaseKind;
 
-/// Which side of a key's reader-writer lock a lease holds (see
-/// [`LockStore::acquire_read`](super::LockStore::acquire_read) and
-/// [`LockStore::acquire_write`](super::LockStore::acquire_write)).
+/// Which side of a key's reader-writer lock a request takes (the layer's
+/// `read_write_by` chooses it per method): the lease kinds
+/// [`LeaseKind::Read`] and [`LeaseKind::Write`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RwMode {
     /// Shared: any number of readers at once, while no writer holds or
@@ -15,10 +14,12 @@ pub enum RwMode {
     Write,
 }
 
-/// The error of a store that has no reader-writer locks.
-pub(crate) fn rw_unsupported() -> Error {
-    Error::Config(ConfigError::new(
-        "rwlock",
-        "this store does not support reader-writer locks",
-    ))
+impl RwMode {
+    /// The lease kind of this side.
+    pub fn kind(self) -> LeaseKind {
+        match self {
+            RwMode::Read => LeaseKind::Read,
+            RwMode::Write => LeaseKind::Write,
+        }
+    }
 }

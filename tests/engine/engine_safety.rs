@@ -20,8 +20,8 @@ use support::{RedisServer, eventually};
 use tokio::sync::watch;
 use tokio::time::{Instant, timeout};
 use tower_redis_lock::{
-    AcquireOutcome, Error, LockGuard, LockKey, LockStore, Locker, MemoryStore, Operation,
-    OwnerToken, Record, RedisStore, ReleaseWatch,
+    AcquireOutcome, Error, Grant, LeaseKind, LockGuard, LockKey, LockStore, Locker, MemoryStore,
+    Operation, OwnerToken, Record, RedisStore, ReleaseWatch,
 };
 
 fn key(id: &str) -> LockKey {
@@ -97,16 +97,11 @@ async fn pass(gate: &watch::Sender<bool>) {
 }
 
 impl LockStore for Gated {
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
+    async fn grant(&self, grant: Grant<'_>) -> Result<AcquireOutcome, Error> {
         if self.hang_acquires.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
-        let outcome = self.inner.acquire(key, owner, lease).await;
+        let outcome = self.inner.grant(grant).await;
         if self.hang_after_grant.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
@@ -118,22 +113,28 @@ impl LockStore for Gated {
         }
     }
 
-    async fn extend(
+    async fn renew(
         &self,
+        kind: LeaseKind,
         key: &LockKey,
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<bool, Error> {
-        self.inner.extend(key, owner, lease).await
+        self.inner.renew(kind, key, owner, lease).await
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
+    async fn release(
+        &self,
+        kind: LeaseKind,
+        key: &LockKey,
+        owner: &OwnerToken,
+    ) -> Result<bool, Error> {
         self.releases.fetch_add(1, Ordering::SeqCst);
         pass(&self.release_gate).await;
         if take_one(&self.fail_releases) {
             return Err(outage());
         }
-        self.inner.release(key, owner).await
+        self.inner.release(kind, key, owner).await
     }
 
     async fn finish(
@@ -610,19 +611,20 @@ struct PanicsOnce {
 }
 
 impl LockStore for PanicsOnce {
-    async fn acquire(
+    async fn grant(&self, grant: Grant<'_>) -> Result<AcquireOutcome, Error> {
+        self.inner.grant(grant).await
+    }
+    async fn renew(
         &self,
+        kind: LeaseKind,
         k: &LockKey,
         o: &OwnerToken,
         l: Duration,
-    ) -> Result<AcquireOutcome, Error> {
-        self.inner.acquire(k, o, l).await
-    }
-    async fn extend(&self, k: &LockKey, o: &OwnerToken, l: Duration) -> Result<bool, Error> {
-        self.inner.extend(k, o, l).await
+    ) -> Result<bool, Error> {
+        self.inner.renew(kind, k, o, l).await
     }
     #[allow(clippy::manual_async_fn)]
-    fn extend_many(
+    fn renew_many(
         &self,
         renewals: &[tower_redis_lock::Renewal],
     ) -> impl Future<Output = Vec<Result<bool, Error>>> + Send {
@@ -635,10 +637,10 @@ impl LockStore for PanicsOnce {
             panic!("test: the store panics while preparing a batch");
         }
         let (renewals, inner) = (renewals.to_vec(), self.inner.clone());
-        async move { inner.extend_many(&renewals).await }
+        async move { inner.renew_many(&renewals).await }
     }
-    async fn release(&self, k: &LockKey, o: &OwnerToken) -> Result<bool, Error> {
-        self.inner.release(k, o).await
+    async fn release(&self, kind: LeaseKind, k: &LockKey, o: &OwnerToken) -> Result<bool, Error> {
+        self.inner.release(kind, k, o).await
     }
     async fn finish(
         &self,

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use support::RedisServer;
 use support::topology::Cluster;
-use tower_redis_lock::{LockGuard, LockKey, LockStore, Locker, OwnerToken, RedisStore, Renewal};
+use tower_redis_lock::{
+    LockGuard, LockKey, LockStore, LockStoreExt, Locker, OwnerToken, RedisStore, Renewal,
+};
 
 /// Renewed every 300 ms: a renewal late by 300 ms on a loaded machine (CI
 /// runs two test passes at once) does not end a healthy lock.
@@ -151,7 +153,7 @@ async fn extend_many_answers_each_renewal_on_its_own() {
         kind: tower_redis_lock::LeaseKind::Lock,
     };
     let answers = store
-        .extend_many(&[
+        .renew_many(&[
             renewal(&keys[0], &a),
             renewal(&keys[1], &a),
             renewal(&keys[2], &b),
@@ -195,7 +197,7 @@ async fn a_dead_connection_fails_every_renewal_of_the_batch() {
             kind: tower_redis_lock::LeaseKind::Lock,
         })
         .collect();
-    let answers = store.extend_many(&renewals).await;
+    let answers = store.renew_many(&renewals).await;
     assert_eq!(answers.len(), 3);
     for (answer, k) in answers.iter().zip(&keys) {
         let err = answer.as_ref().unwrap_err();

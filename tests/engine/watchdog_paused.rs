@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower_redis_lock::{
-    AcquireOutcome, Error, LockKey, LockStore, Locker, MemoryStore, OwnerToken, ReleaseWatch,
-    Renewal,
+    AcquireOutcome, Error, Grant, LeaseKind, LockKey, LockStore, LockStoreExt, Locker, MemoryStore,
+    OwnerToken, ReleaseWatch, Renewal,
 };
 
 /// The memory store, with a switch that makes renewals hang (a frozen
@@ -22,39 +22,40 @@ struct Stalling {
 }
 
 impl LockStore for Stalling {
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
+    async fn grant(&self, grant: Grant<'_>) -> Result<AcquireOutcome, Error> {
         self.acquires.fetch_add(1, Ordering::SeqCst);
-        self.inner.acquire(key, owner, lease).await
+        self.inner.grant(grant).await
     }
 
-    async fn extend(
+    async fn renew(
         &self,
+        kind: LeaseKind,
         key: &LockKey,
         owner: &OwnerToken,
         lease: Duration,
     ) -> Result<bool, Error> {
-        self.inner.extend(key, owner, lease).await
+        self.inner.renew(kind, key, owner, lease).await
     }
 
-    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
+    async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
         self.batches.fetch_add(1, Ordering::SeqCst);
         if self.stall.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
         let mut out = Vec::new();
         for r in renewals {
-            out.push(self.inner.extend(&r.key, &r.owner, r.lease).await);
+            out.push(self.inner.renew(r.kind, &r.key, &r.owner, r.lease).await);
         }
         out
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
-        self.inner.release(key, owner).await
+    async fn release(
+        &self,
+        kind: LeaseKind,
+        key: &LockKey,
+        owner: &OwnerToken,
+    ) -> Result<bool, Error> {
+        self.inner.release(kind, key, owner).await
     }
 
     async fn finish(

@@ -14,7 +14,8 @@ use support::topology::start_independent;
 use support::{RedisServer, eventually, stores};
 use tokio::time::timeout;
 use tower_redis_lock::{
-    AcquireOutcome, Error, LockKey, LockStore, Locker, OwnerToken, RedlockStore, Renewal,
+    AcquireOutcome, Error, LeaseKind, LockKey, LockStore, LockStoreExt, Locker, OperatorStore,
+    OwnerToken, RedlockStore, Renewal,
 };
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -33,7 +34,7 @@ async fn connect(store: &RedlockStore) {
     let (k, owner) = (key("warm-up"), OwnerToken::generate());
     let outcome = store.acquire(&k, &owner, HOUR).await.unwrap();
     assert!(matches!(outcome, AcquireOutcome::Granted(_)));
-    assert!(store.release(&k, &owner).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &owner).await.unwrap());
     // Every node on its own too: the grant above answers once a majority
     // has, so a node after the quorum may not have connected (or run its
     // first script) yet, and a test that then slows it would pay for that.
@@ -41,7 +42,7 @@ async fn connect(store: &RedlockStore) {
         let (k, owner) = (key("warm-up-node"), OwnerToken::generate());
         let outcome = node.acquire(&k, &owner, HOUR).await.unwrap();
         assert!(matches!(outcome, AcquireOutcome::Granted(_)));
-        assert!(node.release(&k, &owner).await.unwrap());
+        assert!(node.release(LeaseKind::Lock, &k, &owner).await.unwrap());
     }
 }
 
@@ -63,7 +64,7 @@ async fn a_frozen_minority_holds_back_neither_the_grant_nor_the_release() {
         .expect("the grant waited for the frozen nodes")
         .unwrap();
     assert!(matches!(outcome, AcquireOutcome::Granted(_)), "{outcome:?}");
-    let released = timeout(GUARD, store.release(&k, &owner))
+    let released = timeout(GUARD, store.release(LeaseKind::Lock, &k, &owner))
         .await
         .expect("the release waited for the frozen nodes");
     assert!(released.unwrap());
@@ -94,7 +95,7 @@ async fn a_frozen_minority_holds_back_no_renewal_and_no_finish() {
     assert!(matches!(outcome, AcquireOutcome::Granted(_)), "{outcome:?}");
     servers[3].freeze();
     servers[4].freeze();
-    let extended = timeout(GUARD, store.extend(&k, &owner, HOUR))
+    let extended = timeout(GUARD, store.renew(LeaseKind::Lock, &k, &owner, HOUR))
         .await
         .expect("the renewal waited for the frozen nodes");
     assert!(extended.unwrap());
@@ -104,7 +105,7 @@ async fn a_frozen_minority_holds_back_no_renewal_and_no_finish() {
         lease: HOUR,
         kind: tower_redis_lock::LeaseKind::Lock,
     };
-    let many = timeout(GUARD, store.extend_many(&[renewal]))
+    let many = timeout(GUARD, store.renew_many(&[renewal]))
         .await
         .expect("the batch waited for the frozen nodes");
     assert!(matches!(many[..], [Ok(true)]), "{many:?}");
@@ -210,7 +211,12 @@ async fn an_earlier_attempts_late_release_never_takes_a_later_attempts_lock() {
     })
     .await;
     assert!(refused);
-    assert!(store.nodes()[0].release(&k, &other).await.unwrap());
+    assert!(
+        store.nodes()[0]
+            .release(LeaseKind::Lock, &k, &other)
+            .await
+            .unwrap()
+    );
     let taken_on_0 = eventually(GUARD, async || {
         servers[0]
             .cmd(&["GET", &lock0])
@@ -225,7 +231,12 @@ async fn an_earlier_attempts_late_release_never_takes_a_later_attempts_lock() {
         .expect("the acquire hung")
         .unwrap()
         .expect("the acquire failed");
-    assert!(store.nodes()[1].release(&k, &other).await.unwrap());
+    assert!(
+        store.nodes()[1]
+            .release(LeaseKind::Lock, &k, &other)
+            .await
+            .unwrap()
+    );
     // While the guard is held, nobody else gets a majority: the late
     // releases of the earlier attempts (sent as soon as node 2 answered
     // them) must not have freed any node the grant counted.
@@ -281,7 +292,7 @@ async fn a_majority_that_granted_in_time_holds_while_a_minority_is_slow_and_froz
         "a majority granted within the lease, yet: {outcome:?}"
     );
     assert!(exists(&servers, &store, &k, 0) && exists(&servers, &store, &k, 1));
-    assert!(store.release(&k, &owner).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &owner).await.unwrap());
     servers[2].thaw();
 }
 
@@ -376,5 +387,5 @@ async fn the_majority_view_shows_a_written_back_token_after_a_late_node_grants()
     proxy.set_latency(Duration::ZERO, Duration::ZERO);
     let seen = store.inspect(&k).await.unwrap().expect("held");
     assert_eq!(seen.fencing_token, Some(token), "the majority view's token");
-    assert!(store.release(&k, &owner).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &owner).await.unwrap());
 }

@@ -11,7 +11,8 @@ use support::fault::FaultProxy;
 use support::topology::start_independent;
 use support::{RedisServer, eventually, eventually_some, stores};
 use tower_redis_lock::{
-    AcquireOutcome, Error, FencingToken, LockKey, LockStore, OwnerToken, RedlockStore, Renewal,
+    AcquireOutcome, Error, FencingToken, LeaseKind, LockKey, LockStore, LockStoreExt, OwnerToken,
+    RedlockStore, Renewal,
 };
 
 /// Far above Redis `TIME` in µs (about 1.8e15 today), below 2^53 so the
@@ -81,7 +82,7 @@ async fn tokens_increase_across_grants_whose_majorities_differ() {
         }
         let owner = OwnerToken::generate();
         tokens.push(granted(store.acquire(&k, &owner, LEASE).await));
-        assert!(store.release(&k, &owner).await.unwrap());
+        assert!(store.release(LeaseKind::Lock, &k, &owner).await.unwrap());
         if let Some(n) = excluded {
             vacate(&store, &servers, n, &k);
         }
@@ -119,7 +120,12 @@ async fn grant_by_all_five(
             .acquire(&warm.0, &warm.1, Duration::from_secs(5))
             .await,
     );
-    assert!(store.release(&warm.0, &warm.1).await.unwrap());
+    assert!(
+        store
+            .release(LeaseKind::Lock, &warm.0, &warm.1)
+            .await
+            .unwrap()
+    );
     // The release answers at a quorum; the other nodes' release scripts
     // run in the background, and one that ran after `reset_stats` below
     // was counted as a write-back (seen once under load).
@@ -180,7 +186,7 @@ async fn a_grant_by_every_node_is_above_the_majority_that_counted_last() {
     let owner = OwnerToken::generate();
     let token = grant_by_all_five(&store, &servers, &k, &owner, None).await;
     assert!(token.get() > AHEAD, "{token:?} is not above {AHEAD}");
-    assert!(store.release(&k, &owner).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &owner).await.unwrap());
 }
 
 /// A re-entry by the same owner (a lost answer, retried) keeps its token
@@ -221,7 +227,7 @@ async fn a_reentry_keeps_its_token_when_an_answer_comes_late() {
     let short = Duration::from_secs(2);
     let again = granted(store.acquire(&k, &owner, short).await);
     assert!(again >= first, "{again:?} is below the grant's {first:?}");
-    assert!(store.release(&k, &owner).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &owner).await.unwrap());
     servers[4].thaw();
     let next = OwnerToken::generate();
     let later = eventually_some(Duration::from_secs(10), async || {
@@ -257,13 +263,13 @@ async fn a_grant_by_every_node_counts_without_a_write_back_and_stays_below_the_n
         first.get() < AHEAD,
         "{first:?}: the largest mint was taken, not the median"
     );
-    assert!(store.release(&k, &owner).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &owner).await.unwrap());
     // Node 0 out of the next majority: the other four grant.
     occupy(&store, &servers, 0, &k);
     let next = OwnerToken::generate();
     let second = granted(store.acquire(&k, &next, LEASE).await);
     assert!(second > first, "{second:?} is not above {first:?}");
-    assert!(store.release(&k, &next).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &next).await.unwrap());
 }
 
 /// The write-back of the token reaches only one node of five: nodes 2, 3
@@ -337,7 +343,12 @@ async fn a_write_back_counts_each_node_once() {
     // Connected to every node while all answer.
     let warm = (key("count-once-warm-up"), OwnerToken::generate());
     granted(store.acquire(&warm.0, &warm.1, LEASE).await);
-    assert!(store.release(&warm.0, &warm.1).await.unwrap());
+    assert!(
+        store
+            .release(LeaseKind::Lock, &warm.0, &warm.1)
+            .await
+            .unwrap()
+    );
     fence_ahead(&store, &servers, &[0, 1], &k);
     // Node 2: only the grant and release scripts, and no way to load more.
     servers[2].cmd(&["SCRIPT", "FLUSH"]);
@@ -383,14 +394,14 @@ async fn a_release_without_a_quorum_of_answers_is_unavailable() {
     for s in &servers[2..] {
         s.freeze();
     }
-    unavailable(store.release(&k, &owner).await);
+    unavailable(store.release(LeaseKind::Lock, &k, &owner).await);
     for s in &servers[2..] {
         s.thaw();
     }
     // A definite answer once they are back: released, or (the frozen
     // nodes ran the queued release first) no longer ours anywhere.
     let answered = support::eventually_some(Duration::from_secs(10), async || {
-        store.release(&k, &owner).await.ok()
+        store.release(LeaseKind::Lock, &k, &owner).await.ok()
     })
     .await;
     assert!(answered.is_some());
@@ -411,9 +422,9 @@ async fn an_extend_with_errors_and_refusals_is_not_a_loss() {
     }
     servers[3].freeze();
     servers[4].freeze();
-    unavailable(store.extend(&k, &owner, LEASE).await);
+    unavailable(store.renew(LeaseKind::Lock, &k, &owner, LEASE).await);
     let many = store
-        .extend_many(&[Renewal {
+        .renew_many(&[Renewal {
             key: k.clone(),
             owner: owner.clone(),
             lease: LEASE,
@@ -426,7 +437,12 @@ async fn an_extend_with_errors_and_refusals_is_not_a_loss() {
     servers[4].thaw();
 
     occupy(&store, &servers, 2, &k);
-    assert!(!store.extend(&k, &owner, LEASE).await.unwrap());
+    assert!(
+        !store
+            .renew(LeaseKind::Lock, &k, &owner, LEASE)
+            .await
+            .unwrap()
+    );
 }
 
 /// A finish that reaches two nodes of five is no completed work: it says
@@ -545,7 +561,7 @@ async fn a_record_on_a_minority_is_not_replayed() {
     assert_eq!(store.read_record(&k).await.unwrap(), None);
     let owner = OwnerToken::generate();
     granted(store.acquire_or_replay(&k, &owner, LEASE).await);
-    assert!(store.release(&k, &owner).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &owner).await.unwrap());
 
     servers[3].freeze();
     servers[4].freeze();
@@ -578,7 +594,7 @@ async fn definite_refusals_are_still_false() {
             .unwrap()
     );
     assert_eq!(store.read_record(&k).await.unwrap(), None);
-    assert!(!store.release(&k, &owner).await.unwrap());
+    assert!(!store.release(LeaseKind::Lock, &k, &owner).await.unwrap());
 }
 
 /// What a re-entry at the store cannot keep: the counters are per fencing
@@ -597,7 +613,7 @@ async fn a_reentry_after_a_bucket_mates_grant_is_still_valid_for_its_hold() {
             again >= first && again >= mate,
             "{again:?} < {first:?}, {mate:?}"
         );
-        assert!(store.release(a, &oa).await.unwrap());
+        assert!(store.release(LeaseKind::Lock, a, &oa).await.unwrap());
         let next = OwnerToken::generate();
         let later = granted(store.acquire(a, &next, LEASE).await);
         assert!(later > again, "{later:?} is not above {again:?}");

@@ -5,14 +5,15 @@
 //! with it (the `redis-server` processes started on free ports).
 
 use crate::support;
+use tower_redis_lock::{
+    AcquireOutcome, Error, LeaseKind, LockKey, LockStore, LockStoreExt, Locker, OwnerToken,
+};
 
 use support::{eventually, stores};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
-
-use tower_redis_lock::{AcquireOutcome, Error, LockKey, LockStore, Locker, OwnerToken};
 
 /// A lease meant to lapse soon; the tests wait for its end on the
 /// condition, not by sleeping. Long enough that a grant on a loaded
@@ -89,7 +90,7 @@ macro_rules! conformance {
                     assert!(t > last, "round {round}: token {t} after {last}");
                     last = t;
                     if !expires(round) {
-                        assert!(store.release(&k, &owner).await.unwrap());
+                        assert!(store.release(LeaseKind::Lock, &k, &owner).await.unwrap());
                     } else {
                         // Let it expire instead of releasing it. A fresh
                         // owner for every try, as the engine does: Redlock
@@ -112,7 +113,7 @@ macro_rules! conformance {
                             })
                             .await
                         );
-                        assert!(store.release(&k, &probe).await.unwrap());
+                        assert!(store.release(LeaseKind::Lock, &k, &probe).await.unwrap());
                     }
                 }
             }
@@ -132,7 +133,7 @@ macro_rules! conformance {
                     .await
                 );
                 assert!(
-                    !store.release(&k, &old).await.unwrap(),
+                    !store.release(LeaseKind::Lock, &k, &old).await.unwrap(),
                     "stale owner released"
                 );
                 let third = OwnerToken::generate();
@@ -143,7 +144,7 @@ macro_rules! conformance {
                         .unwrap(),
                     AcquireOutcome::Held { .. }
                 ));
-                assert!(store.release(&k, &new).await.unwrap());
+                assert!(store.release(LeaseKind::Lock, &k, &new).await.unwrap());
             }
 
             #[tokio::test]
@@ -156,8 +157,18 @@ macro_rules! conformance {
                 // "more than 5 s left" below tells apart from it.
                 let first = store.acquire(&k, &a, Duration::from_secs(3)).await.unwrap();
                 assert!(matches!(first, AcquireOutcome::Granted(_)), "{first:?}");
-                assert!(!store.extend(&k, &b, Duration::from_secs(10)).await.unwrap());
-                assert!(store.extend(&k, &a, Duration::from_secs(10)).await.unwrap());
+                assert!(
+                    !store
+                        .renew(LeaseKind::Lock, &k, &b, Duration::from_secs(10))
+                        .await
+                        .unwrap()
+                );
+                assert!(
+                    store
+                        .renew(LeaseKind::Lock, &k, &a, Duration::from_secs(10))
+                        .await
+                        .unwrap()
+                );
                 match store.acquire(&k, &b, Duration::from_secs(1)).await.unwrap() {
                     AcquireOutcome::Held { remaining: Some(r) } => {
                         assert!(r > Duration::from_secs(5), "extend did not apply: {r:?}")
@@ -165,7 +176,7 @@ macro_rules! conformance {
                     other => panic!("{other:?}"),
                 }
                 let many = store
-                    .extend_many(&[
+                    .renew_many(&[
                         tower_redis_lock::Renewal {
                             key: k.clone(),
                             owner: a.clone(),
@@ -189,8 +200,13 @@ macro_rules! conformance {
                 let many: Vec<bool> = many.into_iter().map(Result::unwrap).collect();
                 assert_eq!(many, vec![true, false, false]);
                 // An extend after release must not bring the lock back.
-                assert!(store.release(&k, &a).await.unwrap());
-                assert!(!store.extend(&k, &a, Duration::from_secs(10)).await.unwrap());
+                assert!(store.release(LeaseKind::Lock, &k, &a).await.unwrap());
+                assert!(
+                    !store
+                        .renew(LeaseKind::Lock, &k, &a, Duration::from_secs(10))
+                        .await
+                        .unwrap()
+                );
                 assert!(matches!(
                     store.acquire(&k, &b, Duration::from_secs(1)).await.unwrap(),
                     AcquireOutcome::Granted(_)

@@ -5,7 +5,6 @@
 //! its own) is still renewed, handed over, released and shown; a fenced
 //! cycle costs the commands it should, and an attempt that does not grant
 //! leaves the bucket's counter where it was or above.
-
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,8 +13,8 @@ use crate::support;
 use support::{RedisServer, Reply, stores};
 
 use tower_redis_lock::{
-    AcquireAllOutcome, AcquireOutcome, FencingToken, HolderId, HolderLabel, LeaseKind, LockKey,
-    LockStore, OwnerToken, RedisStore, Renewal,
+    AcquireAllOutcome, AcquireOutcome, Ask, FencingToken, Grant, HolderId, HolderLabel, LeaseKind,
+    LockKey, LockStore, LockStoreExt, OperatorStore, OwnerToken, RedisStore, Renewal,
 };
 
 const NS: &str = "value";
@@ -56,7 +55,7 @@ async fn the_value_carries_the_holder_record_and_inspect_reads_it() {
     let before = std::time::SystemTime::now();
     let token = granted(
         store
-            .acquire_labelled(&k, &owner, LEASE, Some(&label), false)
+            .grant(Grant::new(&k, &owner, LEASE, Ask::Lock { replay: false }).label(Some(&label)))
             .await
             .unwrap(),
     );
@@ -114,8 +113,17 @@ async fn only_the_owner_alone_or_the_owner_and_a_space_is_the_owners() {
     ];
     for v in &tricks {
         server.cmd(&["SET", &lock, v, "PX", "20000"]);
-        assert!(!store.release(&k, &owner).await.unwrap(), "{v:?}");
-        assert!(!store.extend(&k, &owner, LEASE).await.unwrap(), "{v:?}");
+        assert!(
+            !store.release(LeaseKind::Lock, &k, &owner).await.unwrap(),
+            "{v:?}"
+        );
+        assert!(
+            !store
+                .renew(LeaseKind::Lock, &k, &owner, LEASE)
+                .await
+                .unwrap(),
+            "{v:?}"
+        );
         assert!(
             !store.transfer(&k, &owner, &next, LEASE).await.unwrap(),
             "{v:?}"
@@ -151,12 +159,15 @@ async fn only_the_owner_alone_or_the_owner_and_a_space_is_the_owners() {
         server.cmd(&["SET", &lock, &v, "PX", "20000"]);
         assert!(
             store
-                .extend(&k, &owner, Duration::from_secs(60))
+                .renew(LeaseKind::Lock, &k, &owner, Duration::from_secs(60))
                 .await
                 .unwrap()
         );
         assert!(pttl(&server, &lock) > 40_000, "{v:?}: not renewed");
-        assert!(store.release(&k, &owner).await.unwrap(), "{v:?}");
+        assert!(
+            store.release(LeaseKind::Lock, &k, &owner).await.unwrap(),
+            "{v:?}"
+        );
         assert_eq!(get(&server, &lock), None);
     }
 }
@@ -181,8 +192,8 @@ async fn a_hand_over_keeps_the_record_under_the_new_owner() {
         (seen.holder, seen.fencing_token),
         (HolderId::of(&to), Some(token))
     );
-    assert!(!store.release(&k, &from).await.unwrap());
-    assert!(store.release(&k, &to).await.unwrap());
+    assert!(!store.release(LeaseKind::Lock, &k, &from).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &to).await.unwrap());
 }
 
 /// A lock an older version wrote: its value the owner alone, its holder
@@ -210,14 +221,14 @@ async fn a_lock_of_an_older_version_is_renewed_handed_over_released_and_shown() 
     );
     assert!(
         store
-            .extend(&k, &owner, Duration::from_secs(60))
+            .renew(LeaseKind::Lock, &k, &owner, Duration::from_secs(60))
             .await
             .unwrap()
     );
     assert!(pttl(&server, &holder) > 40_000, "not renewed with the lock");
     // And in the watchdog's batch (one script call for many renewals).
     let renewed = store
-        .extend_many(&[Renewal {
+        .renew_many(&[Renewal {
             key: k.clone(),
             owner: owner.clone(),
             lease: Duration::from_secs(80),
@@ -238,7 +249,7 @@ async fn a_lock_of_an_older_version_is_renewed_handed_over_released_and_shown() 
     );
     assert_eq!(get(&server, &lock).as_deref(), Some(next.as_str()));
     assert!(pttl(&server, &holder) > 85_000, "not kept with the lock");
-    assert!(store.release(&k, &next).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &next).await.unwrap());
     assert_eq!(
         server.keys().iter().filter(|n| n.contains(":old:")).count(),
         0
@@ -298,7 +309,7 @@ async fn attempts_that_do_not_grant_never_lower_the_counter() {
         AcquireOutcome::Held { remaining: Some(r) } if r <= LEASE && r > LEASE / 2
     ));
     assert_eq!(get(&server, &fence).as_deref(), Some(ahead), "lowered");
-    assert!(store.release(&k, &a).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &a).await.unwrap());
     assert_eq!(
         granted(store.acquire(&k, &b, LEASE).await.unwrap()).get(),
         9_000_000_000_000_001
@@ -348,7 +359,7 @@ async fn reentry_after_the_counter_lapsed(store: &RedisStore, server: &RedisServ
         other => panic!("the re-entry was not granted: {other:?}"),
     };
     assert_eq!(again, first, "the re-entry's token");
-    assert!(store.release(&k, &a).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &a).await.unwrap());
     let next = granted(store.acquire(&k, &b, LEASE).await.unwrap());
     assert!(
         next > first,
@@ -368,7 +379,7 @@ async fn a_multi_key_grant_after_the_counter_lapsed_mints_above_the_lock_it_hold
     let first = granted(store.acquire(&k, &owner, LEASE).await.unwrap());
     server.cmd(&["DEL", &fence]);
     match store
-        .acquire_all(&[k.clone(), other.clone()], &owner, LEASE)
+        .grant_all(&[k.clone(), other.clone()], &owner, LEASE, None)
         .await
         .unwrap()
     {
@@ -395,7 +406,7 @@ async fn a_fenced_cycle_costs_seven_commands_and_a_renewal_three() {
     let k = key("cost");
     // Warm: connection and script loads.
     store.acquire(&k, &owner, LEASE).await.unwrap();
-    assert!(store.release(&k, &owner).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &owner).await.unwrap());
     let ran = || {
         let mut stats = server.command_stats();
         stats.retain(|name, _| !name.starts_with("config") && !name.starts_with("info"));
@@ -403,7 +414,7 @@ async fn a_fenced_cycle_costs_seven_commands_and_a_renewal_three() {
     };
     server.reset_stats();
     store.acquire(&k, &owner, LEASE).await.unwrap();
-    assert!(store.release(&k, &owner).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &owner).await.unwrap());
     let cycle: Vec<(String, u64)> = [
         ("del", 1),
         ("evalsha", 2),
@@ -416,7 +427,12 @@ async fn a_fenced_cycle_costs_seven_commands_and_a_renewal_three() {
     assert_eq!(ran(), cycle, "a fenced acquire and release");
     store.acquire(&k, &owner, LEASE).await.unwrap();
     server.reset_stats();
-    assert!(store.extend(&k, &owner, LEASE).await.unwrap());
+    assert!(
+        store
+            .renew(LeaseKind::Lock, &k, &owner, LEASE)
+            .await
+            .unwrap()
+    );
     let renewal: Vec<(String, u64)> = [("evalsha", 1), ("get", 1), ("pexpire", 1)]
         .map(|(n, c)| (n.to_owned(), c))
         .into();

@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use tower_redis_lock::redis::cluster_routing::Slot;
-use tower_redis_lock::{Error, LockKey, LockStore, Locker, MemoryStore, OwnerToken, RedisStore};
+use tower_redis_lock::{
+    Error, LockKey, LockStore, Locker, MemoryStore, OperatorStore, OwnerToken, RedisStore,
+};
 
 const NS: &str = "multi";
 

@@ -12,7 +12,9 @@ use bytes::Bytes;
 use support::fault::FaultProxy;
 use support::{RedisServer, eventually};
 use tokio::time::{Instant, timeout};
-use tower_redis_lock::{AcquireOutcome, LockKey, LockStore, Locker, OwnerToken, RedisStore};
+use tower_redis_lock::{
+    AcquireOutcome, LockKey, LockStore, LockStoreExt, Locker, OwnerToken, RedisStore,
+};
 
 /// The store's command timeout in these tests.
 const COMMAND_TIMEOUT: Duration = Duration::from_millis(250);

@@ -17,7 +17,7 @@ use support::topology::{Cluster, start_independent};
 use support::{RedisServer, stores};
 use tower_redis_lock::{
     AcquireAllOutcome, AcquireOutcome, FencingToken, LeaseKind, ListCursor, LockKey, LockStore,
-    OwnerToken, RedisStore, RedlockStore, Renewal, ReplicaShortfall, RwMode,
+    LockStoreExt, OperatorStore, OwnerToken, RedisStore, RedlockStore, Renewal, ReplicaShortfall,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -59,7 +59,12 @@ async fn connect(store: &RedisStore) {
         ),
         "{granted:?}"
     );
-    assert!(store.release(&warm.0, &warm.1).await.unwrap());
+    assert!(
+        store
+            .release(LeaseKind::Lock, &warm.0, &warm.1)
+            .await
+            .unwrap()
+    );
 }
 
 /// Empties the server's script cache, and its command counts (for
@@ -244,12 +249,12 @@ async fn a_release_reloads_the_script() {
     let lock = store.lock_key(&k);
 
     flush_scripts(&server);
-    assert!(!store.release(&k, &other).await.unwrap());
+    assert!(!store.release(LeaseKind::Lock, &k, &other).await.unwrap());
     reloaded(&server, 1);
     assert!(exists(&server, &lock));
 
     flush_scripts(&server);
-    assert!(store.release(&k, &owner).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &owner).await.unwrap());
     reloaded(&server, 1);
     assert!(!exists(&server, &lock));
     assert!(!exists(&server, &store.waited_key(&k)));
@@ -271,12 +276,22 @@ async fn renewals_reload_the_script() {
     }
 
     flush_scripts(&server);
-    assert!(!store.extend(&a, &other, LEASE).await.unwrap());
+    assert!(
+        !store
+            .renew(LeaseKind::Lock, &a, &other, LEASE)
+            .await
+            .unwrap()
+    );
     reloaded(&server, 1);
     assert!(pttl(&server, &store.lock_key(&a)) <= short.as_millis() as i64);
 
     flush_scripts(&server);
-    assert!(store.extend(&a, &owner, LEASE).await.unwrap());
+    assert!(
+        store
+            .renew(LeaseKind::Lock, &a, &owner, LEASE)
+            .await
+            .unwrap()
+    );
     reloaded(&server, 1);
     assert!(pttl(&server, &store.lock_key(&a)) > short.as_millis() as i64);
 
@@ -295,7 +310,7 @@ async fn renewals_reload_the_script() {
             kind: tower_redis_lock::LeaseKind::Lock,
         },
     ];
-    let answers = store.extend_many(&renewals).await;
+    let answers = store.renew_many(&renewals).await;
     let answers: Vec<bool> = answers.into_iter().map(Result::unwrap).collect();
     assert_eq!(answers, [true, false]);
     reloaded(&server, 1);
@@ -446,7 +461,12 @@ async fn a_cluster_reloads_a_script_only_on_the_calls_primary() {
     );
     reloaded(&cluster.nodes[home], 1);
     flush();
-    assert!(store.extend(&k, &owner, LEASE).await.unwrap());
+    assert!(
+        store
+            .renew(LeaseKind::Lock, &k, &owner, LEASE)
+            .await
+            .unwrap()
+    );
     flush();
     let renewal = Renewal {
         key: k.clone(),
@@ -454,10 +474,10 @@ async fn a_cluster_reloads_a_script_only_on_the_calls_primary() {
         lease: LEASE,
         kind: tower_redis_lock::LeaseKind::Lock,
     };
-    let many = store.extend_many(&[renewal]).await;
+    let many = store.renew_many(&[renewal]).await;
     assert!(matches!(many[..], [Ok(true)]), "{many:?}");
     flush();
-    assert!(store.release(&k, &owner).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &owner).await.unwrap());
     for i in frozen {
         cluster.nodes[i].thaw();
     }
@@ -499,7 +519,7 @@ async fn renew_in_a_batch<S: LockStore>(
         lease: LEASE,
         kind,
     };
-    let renewed = store.extend_many(&[renewal.clone(), renewal]).await;
+    let renewed = store.renew_many(&[renewal.clone(), renewal]).await;
     assert!(renewed.iter().all(|r| matches!(r, Ok(true))), "{renewed:?}");
 }
 
@@ -508,7 +528,7 @@ async fn renew_in_a_batch<S: LockStore>(
 /// as `resume` makes it), inspect, list, release; acquire-or-replay,
 /// finish and the replay of the record (`read_record`); force-release;
 /// several locks at once. `tag` keeps the keys of one run apart.
-async fn first_uses_of_lock_calls<S: LockStore>(store: &S, tag: &str) {
+async fn first_uses_of_lock_calls<S: OperatorStore>(store: &S, tag: &str) {
     let k = key(&format!("{tag}-lock"));
     let (owner, other, next) = (
         OwnerToken::generate(),
@@ -520,7 +540,12 @@ async fn first_uses_of_lock_calls<S: LockStore>(store: &S, tag: &str) {
         store.acquire(&k, &other, LEASE).await.unwrap(),
         AcquireOutcome::Held { .. }
     ));
-    assert!(store.extend(&k, &owner, LEASE).await.unwrap());
+    assert!(
+        store
+            .renew(LeaseKind::Lock, &k, &owner, LEASE)
+            .await
+            .unwrap()
+    );
     renew_in_a_batch(store, &k, &owner, LeaseKind::Lock).await;
     assert!(store.transfer(&k, &owner, &next, LEASE).await.unwrap());
     let held = store.inspect(&k).await.unwrap();
@@ -529,7 +554,7 @@ async fn first_uses_of_lock_calls<S: LockStore>(store: &S, tag: &str) {
         .list("noscript", &ListCursor::start(), 10)
         .await
         .unwrap();
-    assert!(store.release(&k, &next).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &next).await.unwrap());
 
     let r = key(&format!("{tag}-replay"));
     let record = Bytes::from_static(b"{\"status\":201}");
@@ -553,7 +578,7 @@ async fn first_uses_of_lock_calls<S: LockStore>(store: &S, tag: &str) {
     assert!(store.force_release(&f).await.unwrap().released);
 
     let both = [key(&format!("{tag}-all-a")), key(&format!("{tag}-all-b"))];
-    let all = store.acquire_all(&both, &owner, LEASE).await.unwrap();
+    let all = store.grant_all(&both, &owner, LEASE, None).await.unwrap();
     assert!(matches!(all, AcquireAllOutcome::Granted(_)), "{all:?}");
     let released = store.release_all(&both, &owner).await.unwrap();
     assert_eq!(released, [true, true]);
@@ -570,9 +595,14 @@ async fn first_uses_of_other_kinds<S: LockStore>(store: &S, tag: &str) {
     assert!(is_grant(
         &store.acquire_permit(&p, &owner, 2, LEASE).await.unwrap()
     ));
-    assert!(store.extend_permit(&p, &owner, LEASE).await.unwrap());
+    assert!(
+        store
+            .renew(LeaseKind::Permit, &p, &owner, LEASE)
+            .await
+            .unwrap()
+    );
     renew_in_a_batch(store, &p, &owner, LeaseKind::Permit).await;
-    assert!(store.release_permit(&p, &owner).await.unwrap());
+    assert!(store.release(LeaseKind::Permit, &p, &owner).await.unwrap());
 
     let rw = key(&format!("{tag}-rw"));
     let (reader, writer, waiter) = (
@@ -585,7 +615,7 @@ async fn first_uses_of_other_kinds<S: LockStore>(store: &S, tag: &str) {
     ));
     assert!(
         store
-            .extend_rw(&rw, &reader, RwMode::Read, LEASE)
+            .renew(LeaseKind::Read, &rw, &reader, LEASE)
             .await
             .unwrap()
     );
@@ -596,8 +626,13 @@ async fn first_uses_of_other_kinds<S: LockStore>(store: &S, tag: &str) {
             .unwrap(),
         AcquireOutcome::Held { .. }
     ));
-    assert!(store.withdraw_writer(&rw, &waiter).await.unwrap());
-    assert!(store.release_rw(&rw, &reader, RwMode::Read).await.unwrap());
+    assert!(
+        store
+            .release(LeaseKind::WriterMark, &rw, &waiter)
+            .await
+            .unwrap()
+    );
+    assert!(store.release(LeaseKind::Read, &rw, &reader).await.unwrap());
     assert!(is_grant(
         &store
             .acquire_write(&rw, &writer, None, LEASE)
@@ -606,11 +641,11 @@ async fn first_uses_of_other_kinds<S: LockStore>(store: &S, tag: &str) {
     ));
     assert!(
         store
-            .extend_rw(&rw, &writer, RwMode::Write, LEASE)
+            .renew(LeaseKind::Write, &rw, &writer, LEASE)
             .await
             .unwrap()
     );
-    assert!(store.release_rw(&rw, &writer, RwMode::Write).await.unwrap());
+    assert!(store.release(LeaseKind::Write, &rw, &writer).await.unwrap());
 }
 
 /// No `NOSCRIPT` on `servers`, with which servers gave how many.

@@ -2,15 +2,14 @@
 //! holder record's life in Redis (bounded: it goes with the lock), the
 //! fence a forced release raises against the old holder's writes, the
 //! WARN line naming who forced it, and Redlock's majority view.
-
 use std::time::Duration;
 
 use crate::support;
 use support::{RedisServer, Reply, eventually, logs::Logs, stores};
 
 use tower_redis_lock::{
-    AcquireOutcome, FenceOutcome, FencedResource, HolderId, LockKey, LockStore, Locker,
-    MemoryStore, OwnerToken, RedisStore,
+    AcquireOutcome, FenceOutcome, FencedResource, HolderId, LeaseKind, LockKey, LockStore,
+    LockStoreExt, Locker, MemoryStore, OperatorStore, OwnerToken, RedisStore,
 };
 
 fn key(id: &str) -> LockKey {
@@ -61,7 +60,7 @@ async fn the_holder_record_lives_and_dies_with_the_lock() {
     assert!(ttl(&lock) > 15_000, "{}", ttl(&lock));
     assert!(
         store
-            .extend(&k, &owner, Duration::from_secs(60))
+            .renew(LeaseKind::Lock, &k, &owner, Duration::from_secs(60))
             .await
             .unwrap()
     );
@@ -71,7 +70,7 @@ async fn the_holder_record_lives_and_dies_with_the_lock() {
         Some(token),
         "the record after a renewal"
     );
-    assert!(store.release(&k, &owner).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &owner).await.unwrap());
     assert_eq!(store.inspect(&k).await.unwrap(), None, "after the release");
 
     // Finished (a record stored): the holder record goes with the lock.

@@ -12,7 +12,10 @@ use std::time::Duration;
 
 use support::topology::Cluster;
 use support::{RedisServer, eventually};
-use tower_redis_lock::{AcquireOutcome, LockKey, LockStore, OwnerToken, RedisStore, ReleaseWatch};
+use tower_redis_lock::{
+    AcquireOutcome, LeaseKind, LockKey, LockStore, LockStoreExt, OwnerToken, RedisStore,
+    ReleaseWatch,
+};
 
 type Subscribing<'a> =
     Pin<Box<dyn Future<Output = Result<ReleaseWatch, tower_redis_lock::Error>> + 'a>>;
@@ -120,7 +123,7 @@ async fn a_burst_of_distinct_keys_leaves_nothing_per_key() {
             );
         }
         for k in &keys {
-            assert!(store.release(k, &owner).await.unwrap());
+            assert!(store.release(LeaseKind::Lock, k, &owner).await.unwrap());
         }
         for w in &mut watches {
             tokio::time::timeout(Duration::from_secs(10), w.released())

@@ -11,7 +11,9 @@ use bytes::Bytes;
 use support::RedisServer;
 use support::stores::{redis_name, woken_only_by_notification};
 use tokio::time::timeout;
-use tower_redis_lock::{AcquireOutcome, LockKey, LockStore, OwnerToken, RedisStore};
+use tower_redis_lock::{
+    AcquireOutcome, LeaseKind, LockKey, LockStore, LockStoreExt, OwnerToken, RedisStore,
+};
 
 /// Only a hang guard: every waiter below polls once an hour.
 const GUARD: Duration = Duration::from_secs(30);
@@ -36,7 +38,7 @@ async fn an_uncontended_release_or_finish_publishes_nothing_and_leaves_no_mark()
     let (k, a) = (key("quiet"), OwnerToken::generate());
     server.reset_stats();
     assert!(granted(st.acquire(&k, &a, lease).await.unwrap()));
-    assert!(st.release(&k, &a).await.unwrap());
+    assert!(st.release(LeaseKind::Lock, &k, &a).await.unwrap());
     assert!(granted(st.acquire(&k, &a, lease).await.unwrap()));
     assert!(
         st.finish(&k, &a, Bytes::from_static(b"done"), lease)
@@ -75,7 +77,7 @@ async fn a_contended_release_or_finish_publishes_once_and_deletes_the_mark() {
             "{mark_at} ms, lock {lock_at} ms"
         );
         if round == 0 {
-            assert!(st.release(&k, &a).await.unwrap());
+            assert!(st.release(LeaseKind::Lock, &k, &a).await.unwrap());
         } else {
             let record = Bytes::from_static(b"done");
             assert!(st.finish(&k, &a, record, lease).await.unwrap());
@@ -95,7 +97,7 @@ async fn nothing_per_id_is_left_after_contended_locks_are_released() {
         let k = key(&format!("flood-{i}"));
         assert!(granted(st.acquire(&k, &a, lease).await.unwrap()));
         assert!(!granted(st.acquire(&k, &b, lease).await.unwrap()));
-        assert!(st.release(&k, &a).await.unwrap());
+        assert!(st.release(LeaseKind::Lock, &k, &a).await.unwrap());
     }
     let keys = server.keys();
     let left = keys.iter().find(|k| !k.ends_with("}:fence"));

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use support::{RedisServer, eventually};
 use tower_redis_lock::{
-    AcquireOutcome, LeaseKind, LockKey, LockStore, OwnerToken, RedisStore, Renewal,
+    AcquireOutcome, LeaseKind, LockKey, LockStore, LockStoreExt, OwnerToken, RedisStore, Renewal,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -53,7 +53,7 @@ fn server_of(server: &RedisServer) -> (String, bool) {
 async fn connect(store: &RedisStore, server: &RedisServer) {
     let (k, owner) = (key("warm-up"), OwnerToken::generate());
     store.acquire(&k, &owner, LEASE).await.unwrap();
-    assert!(store.release(&k, &owner).await.unwrap());
+    assert!(store.release(LeaseKind::Lock, &k, &owner).await.unwrap());
     assert_eq!(store.detected_server(), Some(server_of(server).0));
 }
 
@@ -123,7 +123,7 @@ async fn a_batch_costs_what_its_server_allows(server: &RedisServer) {
             .map(|k| renewal(k, &owner, LEASE, LeaseKind::Lock))
             .collect();
         server.reset_stats();
-        let answers = store.extend_many(&renewals).await;
+        let answers = store.renew_many(&renewals).await;
         let expected = match (ifeq, fencing) {
             // One `SET … IFEQ` each, no script.
             (true, false) => stats(&[("set", N)]),
@@ -191,7 +191,7 @@ async fn renewals_keep_every_promise(server: &RedisServer) {
         renewal(&mine, &owner, LEASE, LeaseKind::Lock),
     ];
     server.reset_stats();
-    let answers = store.extend_many(&batch).await;
+    let answers = store.renew_many(&batch).await;
     let top = if ifeq { ("set", 4) } else { ("evalsha", 1) };
     assert_eq!(ran(server).get(top.0), Some(&top.1), "{:?}", ran(server));
     assert_eq!(
@@ -217,11 +217,29 @@ async fn renewals_keep_every_promise(server: &RedisServer) {
 
     // One by one (`extend`): the same answers, by the same path.
     server.reset_stats();
-    assert!(!store.extend(&theirs, &owner, LEASE).await.unwrap());
-    let err = store.extend(&wrong, &owner, LEASE).await.unwrap_err();
+    assert!(
+        !store
+            .renew(LeaseKind::Lock, &theirs, &owner, LEASE)
+            .await
+            .unwrap()
+    );
+    let err = store
+        .renew(LeaseKind::Lock, &wrong, &owner, LEASE)
+        .await
+        .unwrap_err();
     assert!(err.is_store_failure(), "{err}");
-    assert!(!store.extend(&expired, &owner, LEASE).await.unwrap());
-    assert!(store.extend(&mine, &owner, LEASE).await.unwrap());
+    assert!(
+        !store
+            .renew(LeaseKind::Lock, &expired, &owner, LEASE)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .renew(LeaseKind::Lock, &mine, &owner, LEASE)
+            .await
+            .unwrap()
+    );
     let top = if ifeq { ("set", 4) } else { ("evalsha", 4) };
     assert_eq!(ran(server).get(top.0), Some(&top.1), "{:?}", ran(server));
     assert_eq!(
@@ -238,7 +256,12 @@ async fn renewals_keep_every_promise(server: &RedisServer) {
         &hash,
     );
     // The refused owner still holds its lock, and can renew it.
-    assert!(store.extend(&theirs, &other, LEASE).await.unwrap());
+    assert!(
+        store
+            .renew(LeaseKind::Lock, &theirs, &other, LEASE)
+            .await
+            .unwrap()
+    );
     assert!(matches!(
         store.acquire(&theirs, &owner, LEASE).await.unwrap(),
         AcquireOutcome::Held { .. }
@@ -315,7 +338,7 @@ async fn one_script_call_renews_every_kind_and_a_large_batch_is_split() {
     ];
     server.reset_stats();
     let answers: Vec<bool> = store
-        .extend_many(&batch)
+        .renew_many(&batch)
         .await
         .into_iter()
         .map(Result::unwrap)
@@ -338,7 +361,7 @@ async fn one_script_call_renews_every_kind_and_a_large_batch_is_split() {
         .chain([renewal(&lock, &owner, LEASE, LeaseKind::Lock)])
         .collect();
     server.reset_stats();
-    let answers = store.extend_many(&many).await;
+    let answers = store.renew_many(&many).await;
     assert_eq!(server.command_calls("evalsha"), 2);
     assert_eq!(answers.len(), 514);
     assert!(answers[..513].iter().all(|a| matches!(a, Ok(false))));
@@ -371,7 +394,7 @@ async fn each_renewal_of_a_batch_keeps_its_own_lease(server: &RedisServer) {
             .map(|(k, lease)| renewal(k, &owner, lease, LeaseKind::Lock))
             .collect();
         batch.push(renewal(&permit, &owner, leases[1], LeaseKind::Permit));
-        let answers = store.extend_many(&batch).await;
+        let answers = store.renew_many(&batch).await;
         assert!(answers.iter().all(|a| matches!(a, Ok(true))), "{answers:?}");
         for (k, lease) in locks.iter().zip(leases) {
             let left = pttl(server, &store.lock_key(k));
@@ -416,7 +439,7 @@ async fn a_server_that_refuses_info_renews_with_the_script() {
     assert_eq!(store.detected_server(), None);
     server.reset_stats();
     let answers = store
-        .extend_many(&[renewal(&k, &owner, LEASE, LeaseKind::Lock)])
+        .renew_many(&[renewal(&k, &owner, LEASE, LeaseKind::Lock)])
         .await;
     assert!(matches!(answers[..], [Ok(true)]), "{answers:?}");
     assert_eq!(
@@ -437,7 +460,12 @@ async fn a_renewal_after_the_server_changed_uses_what_the_new_one_runs() {
     let store = store(&valkey, false);
     let (k, owner) = (key("moved"), OwnerToken::generate());
     store.acquire(&k, &owner, SHORT).await.unwrap();
-    assert!(store.extend(&k, &owner, LEASE).await.unwrap());
+    assert!(
+        store
+            .renew(LeaseKind::Lock, &k, &owner, LEASE)
+            .await
+            .unwrap()
+    );
     assert!(
         store
             .detected_server()
@@ -447,9 +475,9 @@ async fn a_renewal_after_the_server_changed_uses_what_the_new_one_runs() {
     );
     valkey.restart_as_test_server();
     valkey.cmd(&["SET", &store.lock_key(&k), owner.as_str(), "PX", "30000"]);
-    let first = store.extend(&k, &owner, LEASE).await;
+    let first = store.renew(LeaseKind::Lock, &k, &owner, LEASE).await;
     assert!(!matches!(first, Ok(false)), "{first:?}");
-    let second = store.extend(&k, &owner, LEASE).await;
+    let second = store.renew(LeaseKind::Lock, &k, &owner, LEASE).await;
     assert!(
         matches!(second, Ok(true)),
         "the renewal after the server changed failed: {second:?}"

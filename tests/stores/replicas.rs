@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use support::RedisServer;
 use support::stores::redis_name;
-use tower_redis_lock::{Error, LockKey, Locker, RedisStore, ReplicaShortfall};
+use tower_redis_lock::{Error, LockKey, LockStoreExt, Locker, RedisStore, ReplicaShortfall};
 
 fn key(id: &str) -> LockKey {
     LockKey::new("replicas", id).unwrap()
@@ -211,7 +211,7 @@ async fn waitaof_on_a_server_without_it_is_a_config_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permit_grants_queued_for_a_wait_connection_are_taken_back_too() {
     use std::sync::Arc;
-    use tower_redis_lock::{LockStore, OwnerToken};
+    use tower_redis_lock::OwnerToken;
     let primary = RedisServer::start_with(&[]);
     let store = Arc::new(
         RedisStore::builder(&primary.url())

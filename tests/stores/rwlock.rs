@@ -3,7 +3,6 @@
 //! Cluster, and `BoxStore` over memory and over one Redis; then what only
 //! Redis can show (server-clock expiry, the key layout, Redis memory) and
 //! what Redlock answers.
-
 use crate::support;
 
 use support::{eventually, stores};
@@ -13,7 +12,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use tower_redis_lock::{
-    AcquireOutcome, Error, KeyFrom, LockKey, LockLayer, LockStore, Locker, OwnerToken, RwMode,
+    AcquireOutcome, Error, KeyFrom, LeaseKind, LockKey, LockLayer, LockStore, LockStoreExt, Locker,
+    OwnerToken,
 };
 
 fn key(id: &str) -> LockKey {
@@ -213,9 +213,14 @@ macro_rules! rwlock_suite {
                     came_in + Duration::from_millis(2) >= mark,
                     "a reader got in after {came_in:?}, inside the {mark:?} mark"
                 );
-                assert!(store.release_rw(&k, &other, RwMode::Read).await.unwrap());
-                assert!(store.release_rw(&k, &reader, RwMode::Read).await.unwrap());
-                assert!(!store.withdraw_writer(&k, &waiter).await.unwrap());
+                assert!(store.release(LeaseKind::Read, &k, &other).await.unwrap());
+                assert!(store.release(LeaseKind::Read, &k, &reader).await.unwrap());
+                assert!(
+                    !store
+                        .release(LeaseKind::WriterMark, &k, &waiter)
+                        .await
+                        .unwrap()
+                );
             }
 
             /// An ended mark beside a longer one is dropped by the grant
@@ -249,15 +254,25 @@ macro_rules! rwlock_suite {
                 let other = OwnerToken::generate();
                 let got = store.acquire_read(&k, &other, long).await.unwrap();
                 assert!(matches!(got, AcquireOutcome::Held { .. }), "{got:?}");
-                assert!(store.withdraw_writer(&k, &b_waits).await.unwrap());
+                assert!(
+                    store
+                        .release(LeaseKind::WriterMark, &k, &b_waits)
+                        .await
+                        .unwrap()
+                );
                 let got = store.acquire_read(&k, &other, long).await.unwrap();
                 assert!(
                     matches!(got, AcquireOutcome::Granted(_)),
                     "an ended mark still kept readers out: {got:?}"
                 );
-                assert!(!store.withdraw_writer(&k, &a_waits).await.unwrap());
+                assert!(
+                    !store
+                        .release(LeaseKind::WriterMark, &k, &a_waits)
+                        .await
+                        .unwrap()
+                );
                 for r in [&reader, &other] {
-                    assert!(store.release_rw(&k, r, RwMode::Read).await.unwrap());
+                    assert!(store.release(LeaseKind::Read, &k, r).await.unwrap());
                 }
             }
 

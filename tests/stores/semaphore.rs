@@ -5,14 +5,15 @@
 //! and what Redlock answers.
 
 use crate::support;
+use tower_redis_lock::{
+    AcquireOutcome, Error, LeaseKind, LockKey, LockStore, LockStoreExt, Locker, OwnerToken,
+};
 
 use support::{eventually, stores};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
-
-use tower_redis_lock::{AcquireOutcome, Error, LockKey, LockStore, Locker, OwnerToken};
 
 fn key(id: &str) -> LockKey {
     LockKey::new("sem", id).unwrap()
@@ -112,8 +113,8 @@ macro_rules! semaphore_suite {
                     "came back after {came_back:?}, before the {lease:?} lease ended"
                 );
                 assert!(came_back < lease * 3, "came back only after {came_back:?}");
-                assert!(store.release_permit(&k, &other).await.unwrap());
-                assert!(store.release_permit(&k, &long).await.unwrap());
+                assert!(store.release(LeaseKind::Permit, &k, &other).await.unwrap());
+                assert!(store.release(LeaseKind::Permit, &k, &long).await.unwrap());
             }
 
             /// Two lockers, as two processes: the waiter's locker polls

@@ -8,8 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use support::RedisServer;
 use tower_redis_lock::{
-    AcquireOutcome, LockKey, LockStore, OwnerToken, RedisStore, RedisStoreBuilder,
-    ReplicaShortfall, redis,
+    AcquireOutcome, LeaseKind, LockKey, LockStore, LockStoreExt, OwnerToken, RedisStore,
+    RedisStoreBuilder, ReplicaShortfall, redis,
 };
 
 const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -200,7 +200,12 @@ async fn unbounded_lease_and_retention_are_capped() {
         store.acquire(&k, &owner, Duration::MAX).await.unwrap(),
         AcquireOutcome::Granted(_)
     ));
-    assert!(store.extend(&k, &owner, Duration::MAX).await.unwrap());
+    assert!(
+        store
+            .renew(LeaseKind::Lock, &k, &owner, Duration::MAX)
+            .await
+            .unwrap()
+    );
     assert!(
         store
             .finish(&k, &owner, Bytes::from_static(b"done"), Duration::MAX)
@@ -257,7 +262,7 @@ async fn a_call_slower_than_the_clients_response_timeout_answers_within_the_comm
             store.acquire(&k, &warm, timeout).await,
             Ok(AcquireOutcome::Granted(_))
         ));
-        assert!(store.release(&k, &warm).await.unwrap());
+        assert!(store.release(LeaseKind::Lock, &k, &warm).await.unwrap());
         server.freeze();
         let grant = tokio::spawn({
             let (store, k) = (store.clone(), k.clone());

@@ -17,8 +17,8 @@ use support::topology::start_independent;
 use support::{RedisServer, eventually};
 use tokio::time::timeout;
 use tower_redis_lock::{
-    AcquireOutcome, Error, FencingToken, KeyFrom, LockGuard, LockKey, LockLayer, LockStore, Locker,
-    OwnerToken, RedisStore, RedlockStore, Unfenced,
+    AcquireOutcome, Error, FencingToken, KeyFrom, LeaseKind, LockGuard, LockKey, LockLayer,
+    LockStore, LockStoreExt, Locker, OwnerToken, RedisStore, RedlockStore, Unfenced,
 };
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -194,7 +194,7 @@ async fn redlock_over_unfenced_nodes_grants_without_a_token_or_write_back() {
     let (k, owner) = (key("redlock"), OwnerToken::generate());
     let outcome = redlock.acquire(&k, &owner, HOUR).await.unwrap();
     assert_eq!(outcome, AcquireOutcome::GrantedUnfenced);
-    assert!(redlock.release(&k, &owner).await.unwrap());
+    assert!(redlock.release(LeaseKind::Lock, &k, &owner).await.unwrap());
     let sent = |cmd: &str| servers.iter().map(|s| s.command_calls(cmd)).sum::<u64>();
     let released = eventually(GUARD, async || sent("evalsha") == 3).await;
     assert!(released, "{:?}", servers[0].command_stats());

@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use tower_redis_lock::{BoxStore, LockStore, Locker, MemoryStore, RedisStore, RedlockStore};
+use tower_redis_lock::{
+    BoxStore, LockStore, Locker, MemoryStore, OperatorStore, RedisStore, RedlockStore,
+};
 
 use super::RedisServer;
 use super::topology::{Cluster, SentinelSet, start_independent};
@@ -68,7 +70,7 @@ pub fn sentinel() -> (RedisStore, SentinelSet) {
 }
 
 /// `fixture`'s store behind a [`BoxStore`], with what it keeps alive.
-pub fn boxed<S: LockStore, K>(fixture: (S, K)) -> (BoxStore, K) {
+pub fn boxed<S: OperatorStore, K>(fixture: (S, K)) -> (BoxStore, K) {
     let (store, keep) = fixture;
     (BoxStore::new(store), keep)
 }

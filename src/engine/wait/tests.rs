@@ -1,5 +1,6 @@
 //! Unit tests of the wait loop and the local FIFO, on paused time.
 
+use crate::store::LockStoreExt;
 use std::sync::Mutex;
 
 use super::super::test_support::{Counting, key};

@@ -14,6 +14,7 @@
 //! - the task looks at its table a bounded number of times per step (a
 //!   task that loops without sleeping fails here, it cannot hang the test).
 
+use crate::store::LeaseKind;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -165,7 +166,12 @@ impl World {
                 if ask.is_zero() {
                     return;
                 }
-                if store.inner.extend(&l.key, &l.owner, ask).await.unwrap() {
+                if store
+                    .inner
+                    .renew(LeaseKind::Lock, &l.key, &l.owner, ask)
+                    .await
+                    .unwrap()
+                {
                     l.renewed(started, ask);
                 } else {
                     assert!(h.stolen, "an extend of a lock still ours was refused");
@@ -180,7 +186,10 @@ impl World {
                 h.lease.mark_released();
                 h.released = true;
                 h.extends_at_release = store.extends_of(&h.lease.key);
-                let _ = store.inner.release(&h.lease.key, &h.lease.owner).await;
+                let _ = store
+                    .inner
+                    .release(LeaseKind::Lock, &h.lease.key, &h.lease.owner)
+                    .await;
             }
             Op::Steal(i) => {
                 let store = self.store.clone();

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::engine::test_support::{Counting, grant, key};
+use crate::store::LeaseKind;
 use crate::store::memory::MemoryStore;
 use crate::time::drift;
 
@@ -164,7 +165,12 @@ async fn a_renewal_that_finds_another_owner_flips_the_lease_to_lost() {
     let w = start(&store);
     w.add(l.clone());
     // Gone behind the watchdog's back.
-    assert!(store.release(&l.key, &l.owner).await.unwrap());
+    assert!(
+        store
+            .release(LeaseKind::Lock, &l.key, &l.owner)
+            .await
+            .unwrap()
+    );
     tokio::time::sleep_until(t0 + LEASE / 3 - MS).await;
     assert!(l.is_active());
     tokio::time::sleep_until(t0 + LEASE / 3 + MS).await;
@@ -263,7 +269,13 @@ async fn a_deadline_moved_while_a_renewal_stalls_is_not_looked_at_in_a_loop() {
     assert_eq!(store.extends(), 1, "the renewal at 300 ms was not sent");
     tokio::time::advance(Duration::from_millis(200)).await;
     let sent = Instant::now();
-    assert!(store.inner.extend(&l.key, &l.owner, lease).await.unwrap());
+    assert!(
+        store
+            .inner
+            .renew(LeaseKind::Lock, &l.key, &l.owner, lease)
+            .await
+            .unwrap()
+    );
     l.renewed(sent, lease);
     let first_deadline = t0 + lease - drift(lease);
     assert!(l.valid_until() > first_deadline + Duration::from_millis(400));

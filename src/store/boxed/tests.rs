@@ -1,6 +1,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
+use crate::store::LockStoreExt;
 use crate::store::memory::MemoryStore;
 
 /// A memory store that overrides every default method and counts the
@@ -18,41 +19,36 @@ impl Overrides {
 }
 
 impl LockStore for Overrides {
-    fn acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> impl Future<Output = Result<AcquireOutcome, Error>> + Send {
-        self.store.acquire(key, owner, lease)
+    fn supports(&self, kind: LeaseKind) -> bool {
+        self.called();
+        self.store.supports(kind)
     }
-    fn extend(
+    fn grant(
         &self,
+        grant: Grant<'_>,
+    ) -> impl Future<Output = Result<AcquireOutcome, Error>> + Send {
+        self.store.grant(grant)
+    }
+    fn renew(
+        &self,
+        kind: LeaseKind,
         key: &LockKey,
         owner: &OwnerToken,
         lease: Duration,
     ) -> impl Future<Output = Result<bool, Error>> + Send {
-        self.store.extend(key, owner, lease)
+        self.store.renew(kind, key, owner, lease)
     }
-    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
+    async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
         self.called();
-        self.store.extend_many(renewals).await
+        self.store.renew_many(renewals).await
     }
     fn release(
         &self,
+        kind: LeaseKind,
         key: &LockKey,
         owner: &OwnerToken,
     ) -> impl Future<Output = Result<bool, Error>> + Send {
-        self.store.release(key, owner)
-    }
-    async fn acquire_or_replay(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
-        self.called();
-        self.store.acquire_or_replay(key, owner, lease).await
+        self.store.release(kind, key, owner)
     }
     fn finish(
         &self,
@@ -76,18 +72,27 @@ impl LockStore for Overrides {
         self.called();
         self.store.instance_id()
     }
-    async fn acquire_all(
+    async fn grant_all(
         &self,
         keys: &[LockKey],
         owner: &OwnerToken,
         lease: Duration,
+        label: Option<&HolderLabel>,
     ) -> Result<AcquireAllOutcome, Error> {
         self.called();
-        self.store.acquire_all(keys, owner, lease).await
+        self.store.grant_all(keys, owner, lease, label).await
     }
     async fn release_all(&self, keys: &[LockKey], owner: &OwnerToken) -> Result<Vec<bool>, Error> {
         self.called();
         self.store.release_all(keys, owner).await
+    }
+}
+
+/// The operator's view, counted.
+impl OperatorStore for Overrides {
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        self.called();
+        self.store.inspect(key).await
     }
 }
 
@@ -98,9 +103,10 @@ async fn default_methods_reach_the_inner_stores_own_implementation() {
     let (key, owner) = (LockKey::new("boxed", "k").unwrap(), OwnerToken::generate());
     let lease = Duration::from_secs(5);
 
-    let outcome = boxed.acquire_or_replay(&key, &owner, lease).await.unwrap();
-    assert!(matches!(outcome, AcquireOutcome::Granted(_)), "{outcome:?}");
+    assert!(boxed.supports(LeaseKind::Write));
     assert_eq!(inner.calls.load(Ordering::SeqCst), 1);
+    let outcome = boxed.acquire(&key, &owner, lease).await.unwrap();
+    assert!(matches!(outcome, AcquireOutcome::Granted(_)), "{outcome:?}");
 
     let renewal = Renewal {
         key: key.clone(),
@@ -108,7 +114,7 @@ async fn default_methods_reach_the_inner_stores_own_implementation() {
         lease,
         kind: crate::store::LeaseKind::Lock,
     };
-    let extended = boxed.extend_many(&[renewal]).await;
+    let extended = boxed.renew_many(&[renewal]).await;
     assert!(matches!(extended.as_slice(), [Ok(true)]), "{extended:?}");
     assert_eq!(inner.calls.load(Ordering::SeqCst), 2);
 
@@ -119,7 +125,7 @@ async fn default_methods_reach_the_inner_stores_own_implementation() {
         LockKey::new("boxed", "a").unwrap(),
         LockKey::new("boxed", "b").unwrap(),
     ];
-    let all = boxed.acquire_all(&keys, &owner, lease).await.unwrap();
+    let all = boxed.grant_all(&keys, &owner, lease, None).await.unwrap();
     assert!(
         matches!(&all, AcquireAllOutcome::Granted(t) if t.len() == 2),
         "{all:?}"
@@ -130,6 +136,13 @@ async fn default_methods_reach_the_inner_stores_own_implementation() {
         [true, true]
     );
     assert_eq!(inner.calls.load(Ordering::SeqCst), 5);
+
+    // The operator's view, through the box.
+    assert!(boxed.inspect(&key).await.unwrap().is_some());
+    assert_eq!(inner.calls.load(Ordering::SeqCst), 6);
+    // Boxed by the engine (no operator view): an error, not a guess.
+    let erased = BoxStore::from_arc(Arc::new(inner.clone()));
+    assert!(erased.inspect(&key).await.is_err());
 }
 
 #[tokio::test]
@@ -152,13 +165,13 @@ async fn every_call_reaches_the_one_inner_store() {
         inner.acquire(&key, &b, lease).await.unwrap(),
         AcquireOutcome::Held { .. }
     ));
-    assert!(clone.extend(&key, &a, lease).await.unwrap());
-    assert!(!boxed.extend(&key, &b, lease).await.unwrap());
+    assert!(clone.renew(LeaseKind::Lock, &key, &a, lease).await.unwrap());
+    assert!(!boxed.renew(LeaseKind::Lock, &key, &b, lease).await.unwrap());
     let record = Bytes::from_static(b"done");
     assert!(boxed.finish(&key, &a, record.clone(), lease).await.unwrap());
     watch.released().await;
     assert_eq!(clone.read_record(&key).await.unwrap(), Some(record));
-    assert!(!boxed.release(&key, &a).await.unwrap());
+    assert!(!boxed.release(LeaseKind::Lock, &key, &a).await.unwrap());
 }
 
 #[test]

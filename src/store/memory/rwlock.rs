@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::State;
 use crate::key::LockKey;
-use crate::store::{AcquireOutcome, RwMode};
+use crate::store::{AcquireOutcome, LeaseKind};
 use crate::time::far_add;
 use crate::token::{FencingToken, OwnerToken};
 
@@ -142,19 +142,21 @@ impl State {
         &mut self,
         key: &LockKey,
         owner: &OwnerToken,
-        mode: RwMode,
+        kind: LeaseKind,
         lease: Duration,
         now: Instant,
     ) -> bool {
         let Some(rw) = self.live_rw(key, now) else {
             return false;
         };
-        let ends = match mode {
-            RwMode::Read => rw.readers.get_mut(owner),
-            RwMode::Write => match &mut rw.writer {
+        let ends = match kind {
+            LeaseKind::Read => rw.readers.get_mut(owner),
+            LeaseKind::Write => match &mut rw.writer {
                 Some((o, ends)) if o == owner => Some(ends),
                 _ => None,
             },
+            LeaseKind::WriterMark => rw.waiting.get_mut(owner),
+            LeaseKind::Lock | LeaseKind::Permit => None,
         };
         ends.map(|ends| *ends = far_add(now, lease)).is_some()
     }
@@ -163,35 +165,26 @@ impl State {
         &mut self,
         key: &LockKey,
         owner: &OwnerToken,
-        mode: RwMode,
+        kind: LeaseKind,
         now: Instant,
     ) -> bool {
         let Some(rw) = self.live_rw(key, now) else {
             return false;
         };
-        let ours = match mode {
-            RwMode::Read => rw.readers.remove(owner).is_some(),
-            RwMode::Write => {
+        let ours = match kind {
+            LeaseKind::Read => rw.readers.remove(owner).is_some(),
+            LeaseKind::Write => {
                 let ours = rw.writer.as_ref().is_some_and(|(o, _)| o == owner);
                 if ours {
                     rw.writer = None;
                 }
                 ours
             }
+            // A waiting writer's mark taken back.
+            LeaseKind::WriterMark => rw.waiting.remove(owner).is_some(),
+            LeaseKind::Lock | LeaseKind::Permit => false,
         };
         self.rw_changed(key, now, ours)
-    }
-
-    pub(super) fn withdraw_writer(
-        &mut self,
-        key: &LockKey,
-        waiter: &OwnerToken,
-        now: Instant,
-    ) -> bool {
-        let marked = self
-            .live_rw(key, now)
-            .is_some_and(|rw| rw.waiting.remove(waiter).is_some());
-        self.rw_changed(key, now, marked)
     }
 
     /// After a release or withdrawal: drops `key`'s lock if nothing is

@@ -6,6 +6,7 @@
 //! is the model's, write tokens rise, a read's token is at least the last
 //! write's, and nothing is kept of a key with nothing held or marked.
 
+use crate::store::{LeaseKind, LockStoreExt};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -186,7 +187,7 @@ fn run(ops: Vec<Op>) {
                     let lease = Duration::from_millis(lease_ms);
                     let mode = if write { RwMode::Write } else { RwMode::Read };
                     let got = store
-                        .extend_rw(&keys[key], &owners[owner], mode, lease)
+                        .renew(mode.kind(), &keys[key], &owners[owner], lease)
                         .await
                         .unwrap();
                     let m = model[key].at(now);
@@ -206,7 +207,7 @@ fn run(ops: Vec<Op>) {
                 Op::Release { owner, key, write } => {
                     let mode = if write { RwMode::Write } else { RwMode::Read };
                     let got = store
-                        .release_rw(&keys[key], &owners[owner], mode)
+                        .release(mode.kind(), &keys[key], &owners[owner])
                         .await
                         .unwrap();
                     let m = model[key].at(now);
@@ -219,7 +220,7 @@ fn run(ops: Vec<Op>) {
                 }
                 Op::Withdraw { owner, key } => {
                     let got = store
-                        .withdraw_writer(&keys[key], &waiters[owner])
+                        .release(LeaseKind::WriterMark, &keys[key], &waiters[owner])
                         .await
                         .unwrap();
                     let expected = model[key].at(now).marks.remove(&owner).is_some();

@@ -5,6 +5,7 @@
 //! every grant's token is above every token before it, and no empty set
 //! of permits is kept.
 
+use crate::store::{LeaseKind, LockStoreExt};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -123,7 +124,7 @@ fn run(ops: Vec<Op>) {
                 } => {
                     let lease = Duration::from_millis(lease_ms);
                     let got = store
-                        .extend_permit(&keys[key], &owners[owner], lease)
+                        .renew(LeaseKind::Permit, &keys[key], &owners[owner], lease)
                         .await
                         .unwrap();
                     let held = model.live(key, now);
@@ -135,7 +136,7 @@ fn run(ops: Vec<Op>) {
                 }
                 Op::Release { owner, key } => {
                     let got = store
-                        .release_permit(&keys[key], &owners[owner])
+                        .release(LeaseKind::Permit, &keys[key], &owners[owner])
                         .await
                         .unwrap();
                     let expected = model.live(key, now).remove(&owner).is_some();

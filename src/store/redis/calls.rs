@@ -19,7 +19,7 @@ use super::{RedisStore, ms};
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
 use crate::store::holder::HolderLabel;
-use crate::store::{AcquireOutcome, LeaseKind, LockStore};
+use crate::store::{AcquireOutcome, LeaseKind};
 use crate::token::{FencingToken, OwnerToken};
 
 impl RedisStore {
@@ -374,7 +374,7 @@ impl RedisStore {
         retention: Duration,
     ) -> Result<bool, Error> {
         // Ours for the `SET` and the release at least.
-        if !self.extend(key, owner, self.inner.timeout * 4).await? {
+        if !self.extend_lock(key, owner, self.inner.timeout * 4).await? {
             return Ok(false);
         }
         let mut set = Cmd::new();
@@ -388,7 +388,7 @@ impl RedisStore {
                 set.query_async(&mut c).await
             })
             .await?;
-        self.release(key, owner).await
+        self.release_lock(key, owner).await
     }
 
     /// Finish that remembers the record's writer (Redlock).

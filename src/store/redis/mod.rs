@@ -24,7 +24,8 @@ use bytes::Bytes;
 
 use super::holder::{HolderInfo, HolderLabel, HolderPage, ListCursor};
 use super::{
-    AcquireAllOutcome, AcquireOutcome, ForcedRelease, LockStore, ReleaseWatch, Renewal, RwMode,
+    AcquireAllOutcome, AcquireOutcome, Ask, ForcedRelease, Grant, LeaseKind, LockStore,
+    OperatorStore, ReleaseWatch, Renewal, RwMode,
 };
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
@@ -222,150 +223,9 @@ fn ms(d: Duration) -> u64 {
     (d.min(MAX_PX).as_millis() as u64).max(1)
 }
 
-impl LockStore for RedisStore {
-    fn instance_id(&self) -> usize {
-        Arc::as_ptr(&self.inner).cast::<()>() as usize
-    }
-
-    async fn check(&self) -> Result<(), Error> {
-        RedisStore::check(self).await
-    }
-
-    fn supports(&self, _kind: crate::store::LeaseKind) -> bool {
-        true
-    }
-
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
-        Ok(self.acquire_script(key, owner, lease, false, None).await?.0)
-    }
-
-    async fn acquire_or_replay(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
-        Ok(self.acquire_script(key, owner, lease, true, None).await?.0)
-    }
-
-    async fn acquire_labelled(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-        label: Option<&HolderLabel>,
-        replay: bool,
-    ) -> Result<AcquireOutcome, Error> {
-        Ok(self
-            .acquire_script(key, owner, lease, replay, label)
-            .await?
-            .0)
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
-        self.inspect_script(key).await
-    }
-
-    async fn force_release(&self, key: &LockKey) -> Result<ForcedRelease, Error> {
-        self.force_release_script(key).await
-    }
-
-    async fn list(
-        &self,
-        namespace: &str,
-        cursor: &ListCursor,
-        count: usize,
-    ) -> Result<HolderPage, Error> {
-        self.list_scan(namespace, cursor, count).await
-    }
-
-    async fn finish(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        record: Bytes,
-        retention: Duration,
-    ) -> Result<bool, Error> {
-        self.finish_script(key, owner, record, retention, false)
-            .await
-    }
-
-    async fn read_record(&self, key: &LockKey) -> Result<Option<Bytes>, Error> {
-        let record_key = self.name(key, RECORD);
-        // Sized up front ("GET" and the name), as the scripts' commands are.
-        let mut get = redis::Cmd::with_capacity(2, 3 + record_key.byte_len());
-        get.arg("GET").arg(record_key);
-        let raw: Option<Vec<u8>> = self
-            .with_conn(Operation::Acquire, Some(key), |mut c| async move {
-                get.query_async(&mut c).await
-            })
-            .await?;
-        Ok(raw.map(Bytes::from))
-    }
-
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<bool, Error> {
-        self.extend_lock(key, owner, lease).await
-    }
-
-    async fn transfer(
-        &self,
-        key: &LockKey,
-        from: &OwnerToken,
-        to: &OwnerToken,
-        lease: Duration,
-    ) -> Result<bool, Error> {
-        let args = [
-            Argv::Str(from.as_str()),
-            Argv::Str(to.as_str()),
-            Argv::Int(ms(lease)),
-            Argv::Name(self.name(key, HOLDER)),
-        ];
-        let args = self.with_holder_name(&args);
-        let call = ScriptCall::new(&scripts::TRANSFER, &[self.name(key, LOCK)], args);
-        let n: i64 = self
-            .with_conn(Operation::Extend, Some(key), |mut c| async move {
-                call.invoke(&mut c).await
-            })
-            .await?;
-        Ok(n == 1)
-    }
-
-    async fn extend_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
-        if renewals.is_empty() {
-            return Vec::new();
-        }
-        if self.inner.source.is_cluster() {
-            // Keys of a batch live in many slots: send the renewals at once
-            // on the cluster connection, which pipelines them per node. Each
-            // answers for itself: a frozen node fails only its own keys.
-            // Not grouped by slot into batch script calls: a namespace's
-            // locks spread over 1,024 hash tags (one per fencing bucket),
-            // so a batch of 512 leases of one namespace meets about 400
-            // slots, 1.3 leases a slot, and a script call per slot would
-            // save next to nothing.
-            return futures_util::future::join_all(
-                renewals
-                    .iter()
-                    .map(|r| super::extend_lease(self, r.kind, &r.key, &r.owner, r.lease)),
-            )
-            .await;
-        }
-        // One primary: one pipeline, one script call per batch
-        // (renew.rs).
-        self.extend_batch(renewals).await
-    }
-
-    async fn release(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
+impl RedisStore {
+    /// The lock's release (release.lua).
+    async fn release_lock(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
         // Always the script, on every server. Valkey 9's `DELIFEQ` and
         // Redis 8.4's `DELEX … IFEQ` delete the lock alone if it is ours,
         // but a release must, in the same step, delete the waited-for mark
@@ -398,85 +258,123 @@ impl LockStore for RedisStore {
             .await?;
         Ok(n == 1)
     }
+}
 
-    async fn acquire_permit(
+impl LockStore for RedisStore {
+    fn instance_id(&self) -> usize {
+        Arc::as_ptr(&self.inner).cast::<()>() as usize
+    }
+
+    async fn check(&self) -> Result<(), Error> {
+        RedisStore::check(self).await
+    }
+
+    fn supports(&self, _kind: LeaseKind) -> bool {
+        true
+    }
+
+    async fn grant(&self, grant: Grant<'_>) -> Result<AcquireOutcome, Error> {
+        let (key, owner, lease) = (grant.key, grant.owner, grant.lease);
+        match &grant.ask {
+            Ask::Lock { replay } => Ok(self
+                .acquire_script(key, owner, lease, *replay, grant.label)
+                .await?
+                .0),
+            Ask::Permit { permits } => {
+                self.acquire_permit_script(key, owner, *permits, lease)
+                    .await
+            }
+            Ask::Read => {
+                self.acquire_rw_script(key, owner, (RwMode::Read, None), lease)
+                    .await
+            }
+            Ask::Write { waiter } => {
+                self.acquire_rw_script(key, owner, (RwMode::Write, waiter.as_ref()), lease)
+                    .await
+            }
+        }
+    }
+
+    async fn renew(
         &self,
+        kind: LeaseKind,
         key: &LockKey,
         owner: &OwnerToken,
-        permits: u32,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
-        self.acquire_permit_script(key, owner, permits, lease).await
-    }
-
-    async fn extend_permit(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<bool, Error> {
-        self.extend_permit_script(key, owner, lease).await
-    }
-
-    async fn release_permit(&self, key: &LockKey, owner: &OwnerToken) -> Result<bool, Error> {
-        self.release_permit_script(key, owner).await
-    }
-
-    async fn acquire_all(
-        &self,
-        keys: &[LockKey],
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<AcquireAllOutcome, Error> {
-        self.acquire_all_keys(keys, owner, lease).await
-    }
-
-    async fn release_all(&self, keys: &[LockKey], owner: &OwnerToken) -> Result<Vec<bool>, Error> {
-        self.release_all_keys(keys, owner).await
-    }
-
-    async fn acquire_read(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
-        self.acquire_rw_script(key, owner, (RwMode::Read, None), lease)
-            .await
-    }
-
-    async fn acquire_write(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        waiter: Option<&OwnerToken>,
-        lease: Duration,
-    ) -> Result<AcquireOutcome, Error> {
-        self.acquire_rw_script(key, owner, (RwMode::Write, waiter), lease)
-            .await
-    }
-
-    async fn extend_rw(
-        &self,
-        key: &LockKey,
-        owner: &OwnerToken,
-        mode: RwMode,
         lease: Duration,
     ) -> Result<bool, Error> {
-        self.extend_rw_script(key, owner, mode, lease).await
+        match kind {
+            LeaseKind::Lock => self.extend_lock(key, owner, lease).await,
+            LeaseKind::Permit => self.extend_permit_script(key, owner, lease).await,
+            LeaseKind::Read => self.extend_rw_script(key, owner, RwMode::Read, lease).await,
+            LeaseKind::Write => {
+                self.extend_rw_script(key, owner, RwMode::Write, lease)
+                    .await
+            }
+            LeaseKind::WriterMark => self.renew_mark_script(key, owner, lease).await,
+        }
     }
 
-    async fn release_rw(
+    async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<bool, Error>> {
+        if renewals.is_empty() {
+            return Vec::new();
+        }
+        if self.inner.source.is_cluster() {
+            // Keys of a batch live in many slots: send the renewals at once
+            // on the cluster connection, which pipelines them per node. Each
+            // answers for itself: a frozen node fails only its own keys.
+            // Not grouped by slot into batch script calls: a namespace's
+            // locks spread over 1,024 hash tags (one per fencing bucket),
+            // so a batch of 512 leases of one namespace meets about 400
+            // slots, 1.3 leases a slot, and a script call per slot would
+            // save next to nothing.
+            return futures_util::future::join_all(
+                renewals
+                    .iter()
+                    .map(|r| self.renew(r.kind, &r.key, &r.owner, r.lease)),
+            )
+            .await;
+        }
+        // One primary: one pipeline, one script call per batch
+        // (renew.rs).
+        self.extend_batch(renewals).await
+    }
+
+    async fn release(
         &self,
+        kind: LeaseKind,
         key: &LockKey,
         owner: &OwnerToken,
-        mode: RwMode,
     ) -> Result<bool, Error> {
-        self.release_rw_script(key, owner, mode).await
+        match kind {
+            LeaseKind::Lock => self.release_lock(key, owner).await,
+            LeaseKind::Permit => self.release_permit_script(key, owner).await,
+            LeaseKind::Read => self.release_rw_script(key, owner, RwMode::Read).await,
+            LeaseKind::Write => self.release_rw_script(key, owner, RwMode::Write).await,
+            LeaseKind::WriterMark => self.withdraw_writer_script(key, owner).await,
+        }
     }
 
-    async fn withdraw_writer(&self, key: &LockKey, waiter: &OwnerToken) -> Result<bool, Error> {
-        self.withdraw_writer_script(key, waiter).await
+    async fn transfer(
+        &self,
+        key: &LockKey,
+        from: &OwnerToken,
+        to: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        let args = [
+            Argv::Str(from.as_str()),
+            Argv::Str(to.as_str()),
+            Argv::Int(ms(lease)),
+            Argv::Name(self.name(key, HOLDER)),
+        ];
+        let args = self.with_holder_name(&args);
+        let call = ScriptCall::new(&scripts::TRANSFER, &[self.name(key, LOCK)], args);
+        let n: i64 = self
+            .with_conn(Operation::Extend, Some(key), |mut c| async move {
+                call.invoke(&mut c).await
+            })
+            .await?;
+        Ok(n == 1)
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {
@@ -484,5 +382,62 @@ impl LockStore for RedisStore {
             Some(notifier) => notifier.subscribe(self.release_channel(key), key).await,
             None => Ok(ReleaseWatch::never()),
         }
+    }
+
+    async fn finish(
+        &self,
+        key: &LockKey,
+        owner: &OwnerToken,
+        record: Bytes,
+        retention: Duration,
+    ) -> Result<bool, Error> {
+        self.finish_script(key, owner, record, retention, false)
+            .await
+    }
+
+    async fn read_record(&self, key: &LockKey) -> Result<Option<Bytes>, Error> {
+        let record_key = self.name(key, RECORD);
+        // Sized up front ("GET" and the name), as the scripts' commands are.
+        let mut get = redis::Cmd::with_capacity(2, 3 + record_key.byte_len());
+        get.arg("GET").arg(record_key);
+        let raw: Option<Vec<u8>> = self
+            .with_conn(Operation::Acquire, Some(key), |mut c| async move {
+                get.query_async(&mut c).await
+            })
+            .await?;
+        Ok(raw.map(Bytes::from))
+    }
+
+    async fn grant_all(
+        &self,
+        keys: &[LockKey],
+        owner: &OwnerToken,
+        lease: Duration,
+        _label: Option<&HolderLabel>,
+    ) -> Result<AcquireAllOutcome, Error> {
+        self.acquire_all_keys(keys, owner, lease).await
+    }
+
+    async fn release_all(&self, keys: &[LockKey], owner: &OwnerToken) -> Result<Vec<bool>, Error> {
+        self.release_all_keys(keys, owner).await
+    }
+}
+
+impl OperatorStore for RedisStore {
+    async fn inspect(&self, key: &LockKey) -> Result<Option<HolderInfo>, Error> {
+        self.inspect_script(key).await
+    }
+
+    async fn list(
+        &self,
+        namespace: &str,
+        cursor: &ListCursor,
+        count: usize,
+    ) -> Result<HolderPage, Error> {
+        self.list_scan(namespace, cursor, count).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<ForcedRelease, Error> {
+        self.force_release_script(key).await
     }
 }

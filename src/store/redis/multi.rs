@@ -41,7 +41,7 @@ impl RedisStore {
         true
     }
 
-    /// `LockStore::acquire_all`: one script where it can, else the keys
+    /// `LockStore::grant_all`: one script where it can, else the keys
     /// one by one in the order given, rolled back on the first held.
     pub(super) async fn acquire_all_keys(
         &self,
@@ -54,7 +54,7 @@ impl RedisStore {
         {
             return Ok(outcome);
         }
-        acquire_in_order(self, keys, owner, lease).await
+        acquire_in_order(self, keys, owner, lease, None).await
     }
 
     /// The acquire_all.lua call; `None` when the slot migrates (the

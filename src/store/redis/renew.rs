@@ -1,4 +1,4 @@
-//! Renewals: one lock's (`extend`) and a batch's (`extend_many`, the
+//! Renewals: one lock's (`renew`) and a batch's (`renew_many`, the
 //! watchdog's) on one primary or Sentinel. What Redis runs per renewal:
 //!
 //! | server, lease | command |
@@ -158,11 +158,12 @@ impl RedisStore {
                 // A permit and a reader are renewed by extend_permit.lua,
                 // a lock and a writer by extend.lua; the holder flag is a
                 // lock's only.
-                let (kind, name) = match (r.kind, r.kind.rw_mode()) {
-                    (LeaseKind::Permit, _) => ('p', PERMITS),
-                    (_, Some(mode @ RwMode::Read)) => ('p', rwlock::side(mode)),
-                    (_, Some(mode)) => ('w', rwlock::side(mode)),
-                    _ => ('l', LOCK),
+                let (kind, name) = match r.kind {
+                    LeaseKind::Permit => ('p', PERMITS),
+                    LeaseKind::Read => ('p', rwlock::side(RwMode::Read)),
+                    LeaseKind::WriterMark => ('p', super::keys::RW_WAITING),
+                    LeaseKind::Write => ('w', rwlock::side(RwMode::Write)),
+                    LeaseKind::Lock => ('l', LOCK),
                 };
                 keys.push(self.name(&r.key, name));
                 kinds.push(kind);

@@ -14,7 +14,7 @@ use super::{RedisStore, ms};
 use crate::error::ConfigError;
 use crate::error::{Error, Operation};
 use crate::key::LockKey;
-use crate::store::{LeaseKind, release_lease};
+use crate::store::{LeaseKind, LockStore};
 use crate::sync::lock;
 use crate::token::OwnerToken;
 
@@ -140,6 +140,10 @@ impl Grant<'_> {
                 "return redis.call('ZSCORE', ARGV[1], ARGV[2]) and 1 or 0",
                 super::keys::PERMITS,
             ),
+            LeaseKind::WriterMark => (
+                "return redis.call('ZSCORE', ARGV[1], ARGV[2]) and 1 or 0",
+                super::keys::RW_WAITING,
+            ),
             LeaseKind::Read => (
                 "return redis.call('ZSCORE', ARGV[1], ARGV[2]) and 1 or 0",
                 super::keys::RW_READERS,
@@ -159,7 +163,7 @@ impl Grant<'_> {
 
     /// Takes the grant back (its kind's owner-checked release).
     async fn take_back(&self, store: &RedisStore) {
-        let _ = release_lease(store, self.kind, self.key, self.owner).await;
+        let _ = store.release(self.kind, self.key, self.owner).await;
     }
 }
 

@@ -107,6 +107,17 @@ impl RedisStore {
             .await
     }
 
+    /// A waiting writer's mark renewed, as a permit is.
+    pub(super) async fn renew_mark_script(
+        &self,
+        key: &LockKey,
+        waiter: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        self.extend_by(&EXTEND_PERMIT, (key, RW_WAITING), waiter, lease)
+            .await
+    }
+
     /// A waiting writer's mark taken back, as a permit is released.
     pub(super) async fn withdraw_writer_script(
         &self,

@@ -18,7 +18,7 @@ use crate::token::{FencingToken, OwnerToken};
 
 impl RedlockStore {
     /// The grant: asks every node at once, answers at a quorum.
-    pub(super) async fn grant(
+    pub(super) async fn grant_lock(
         &self,
         key: &LockKey,
         owner: &OwnerToken,
@@ -142,7 +142,7 @@ impl RedlockStore {
             let (node, k, o) = (nodes[i].clone(), k.clone(), o.clone());
             async move {
                 if !keep && is_granted(&late) {
-                    let _ = node.release(&k, &o).await;
+                    let _ = node.release(crate::store::LeaseKind::Lock, &k, &o).await;
                 }
             }
         });

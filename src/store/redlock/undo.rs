@@ -76,5 +76,6 @@ async fn undo_node(
     if rollback {
         node.rollback_record(key, owner).await?;
     }
-    node.release(key, owner).await
+    node.release(crate::store::LeaseKind::Lock, key, owner)
+        .await
 }
