@@ -39,6 +39,15 @@ impl Default for Options {
     }
 }
 
+impl Options {
+    /// What each try asks the store for: the lease, or the hold cap where
+    /// it is shorter (the first lease ends by the cap, like every
+    /// renewal). A waiting writer's mark lasts this long from each try.
+    pub(crate) fn first_lease(&self) -> Duration {
+        self.max_hold.map_or(self.lease, |cap| self.lease.min(cap))
+    }
+}
+
 /// The shortest lease a locker takes (and an exported lease may carry).
 pub(crate) const MIN_LEASE: Duration = Duration::from_millis(10);
 /// The longest.

@@ -27,10 +27,13 @@ use crate::token::OwnerToken;
 ///   marks itself waiting in the store, visible to every process; while
 ///   the mark lasts, no *new* reader is granted (readers that hold keep
 ///   their holds), so a stream of readers cannot starve a writer. The mark
-///   lasts a lease and is renewed by the writer's tries (every lease/3 at
-///   the least) while it waits; a writer that gives up (its wait ends, its
-///   future is dropped) takes it back, and one that crashed stops holding
-///   readers back when the mark's lease ends. A writer that only tries
+///   lasts a lease (or the [hold cap](crate::LockerBuilder::max_hold),
+///   if shorter) and is renewed by the writer's tries every third of
+///   that at the least, whatever the poll interval, while it waits (for
+///   the store, for its turn among this process's waiters, for its
+///   subscription); a writer that gives up (its wait ends, its future is
+///   dropped) takes it back, and one that crashed stops holding readers
+///   back when the mark's lease ends. A writer that only tries
 ///   ([`try_write`](ReadWriteLock::try_write)) marks nothing.
 /// * **Fencing tokens**: a write grant mints one from the key's fencing
 ///   counter (the one its lock and permits use). A read guard carries the

@@ -12,6 +12,7 @@ use tracing::{Instrument, Span};
 use super::guard::LockGuard;
 use super::lease::{Ask, Lease};
 use super::locker::{Acquired, Locker};
+use super::options::Options;
 use super::pending::{Ending, PendingAttempt, UndoOf};
 use super::reentry;
 use crate::error::Error;
@@ -26,6 +27,51 @@ use crate::token::{OwnerToken, Unfenced};
 enum Step {
     Done(Acquired),
     Held(Option<Duration>),
+}
+
+/// The tries of one acquire, and what they found.
+struct Tries<'a> {
+    key: &'a LockKey,
+    ask: Ask,
+    start: Instant,
+    deadline: Instant,
+    /// Tries sent.
+    count: u32,
+    /// What the last try found left of the holder's lease.
+    remaining: Option<Duration>,
+    /// A waiting writer's mark (`None` for any other ask).
+    mark: Option<Mark>,
+}
+
+/// When a waiting writer's mark must be renewed. Each try writes it for
+/// what it asks the store for (`Options::first_lease`: the lease, or the
+/// hold cap if shorter), not for the lease: it is renewed at a third of
+/// that, on every path of the wait (napping, waiting for this process's
+/// turn, subscribing), as a lease is renewed at a third of its own.
+struct Mark {
+    every: Duration,
+    /// When the next try must start (`None` before the first).
+    due: Option<Instant>,
+}
+
+impl Mark {
+    fn of(ask: Ask, o: &Options) -> Option<Mark> {
+        matches!(ask, Ask::Write { waiter: Some(_) }).then(|| Mark {
+            every: o.first_lease() / 3,
+            due: None,
+        })
+    }
+}
+
+/// How a part of the wait that asks the store nothing ended (see
+/// `Locker::keeping_mark`).
+enum Kept<T> {
+    /// It ended with this.
+    Done(T),
+    /// A try that renewed the mark on the way was granted.
+    Acquired(Acquired),
+    /// The deadline passed.
+    TimedOut,
 }
 
 impl<S: LockStore> Locker<S> {
@@ -80,10 +126,17 @@ impl<S: LockStore> Locker<S> {
         }
         let o = &self.inner.opts;
         let start = Instant::now();
-        // (A wait of `Duration::MAX` means "for ever", not an overflow.)
-        let deadline = far_add(start, wait);
-        let mut attempts = 0u32;
-        let mut remaining = None;
+        let mut t = Tries {
+            key,
+            ask,
+            start,
+            // (A wait of `Duration::MAX` means "for ever", not an overflow.)
+            deadline: far_add(start, wait),
+            count: 0,
+            remaining: None,
+            mark: Mark::of(ask, o),
+        };
+        let deadline = t.deadline;
 
         // Other tasks of this process already waiting for the key go first:
         // a new (or just-released) acquirer that means to wait queues behind
@@ -91,28 +144,31 @@ impl<S: LockStore> Locker<S> {
         let queues = self.queues(kind);
         let queue_first = !wait.is_zero() && queues.has_waiters(key);
         if !queue_first {
-            attempts += 1;
-            match self.attempt(key, ask, start, (attempts, false)).await? {
-                Step::Done(done) => return Ok(done),
-                Step::Held(r) => remaining = r,
+            if let Step::Done(done) = self.try_once(&mut t, false).await? {
+                return Ok(done);
             }
             if Instant::now() >= deadline {
-                return Err(self.contended((key, kind), wait, start, attempts, remaining));
+                return Err(self.contended((key, kind), wait, start, t.count, t.remaining));
             }
         }
 
         // Wait for our turn among this process's waiters of the key: only
         // the task whose turn it is talks to the store, so one release wakes
-        // one local task, not all of them.
+        // one local task, not all of them. (A writer that marked itself
+        // waiting on its try above keeps its mark meanwhile.)
         let queue = queues.join(key);
-        if let Some(r) = remaining {
+        if let Some(r) = t.remaining {
             queue.saw_held(r);
         }
-        let Ok(Ok(_turn)) = tokio::time::timeout_at(deadline, queue.turn.acquire()).await else {
-            // Timed out behind this process's other waiters, without asking
-            // the store: what they last heard of the holder.
-            let remaining = remaining.or_else(|| queue.held_for());
-            return Err(self.contended((key, kind), wait, start, attempts, remaining));
+        let _turn = match self.keeping_mark(&mut t, queue.turn.acquire()).await? {
+            Kept::Done(Ok(turn)) => turn,
+            Kept::Acquired(done) => return Ok(done),
+            Kept::Done(Err(_)) | Kept::TimedOut => {
+                // Timed out behind this process's other waiters, without
+                // asking the store: what they last heard of the holder.
+                let remaining = t.remaining.or_else(|| queue.held_for());
+                return Err(self.contended((key, kind), wait, start, t.count, remaining));
+            }
         };
         // The subscription stays with the queue from one waiter to the next.
         let mut watch = queue.take_watch();
@@ -125,10 +181,11 @@ impl<S: LockStore> Locker<S> {
             // the background (see `PendingAttempt`).
             if std::mem::take(&mut skip_try) {
                 subscribed = true;
-                match tokio::time::timeout_at(deadline, self.subscribe(key)).await {
-                    Ok(w) => watch = Some(w),
-                    Err(_) => {
-                        return Err(self.contended((key, kind), wait, start, attempts, remaining));
+                match self.keeping_mark(&mut t, self.subscribe(key)).await? {
+                    Kept::Done(w) => watch = Some(w),
+                    Kept::Acquired(done) => return Ok(done),
+                    Kept::TimedOut => {
+                        return Err(self.contended((key, kind), wait, start, t.count, t.remaining));
                     }
                 }
             }
@@ -142,10 +199,8 @@ impl<S: LockStore> Locker<S> {
             let step = match held_here {
                 Some(valid_for) => Ok(Step::Held(Some(valid_for))),
                 None => {
-                    attempts += 1;
                     // (Contended: it found the lock held, or queued behind a waiter.)
-                    let attempt = self.attempt(key, ask, start, (attempts, true));
-                    match tokio::time::timeout_at(deadline, attempt).await {
+                    match tokio::time::timeout_at(deadline, self.try_once(&mut t, true)).await {
                         Ok(step) => step,
                         Err(_) => {
                             queue.put_watch(watch);
@@ -153,8 +208,8 @@ impl<S: LockStore> Locker<S> {
                                 (key, kind),
                                 wait,
                                 start,
-                                attempts,
-                                remaining,
+                                t.count,
+                                t.remaining,
                             ));
                         }
                     }
@@ -183,39 +238,44 @@ impl<S: LockStore> Locker<S> {
                     if let Some(r) = r {
                         queue.saw_held(r);
                     }
-                    remaining = r;
+                    t.remaining = r;
                 }
             }
             let now = Instant::now();
             if now >= deadline {
                 queue.put_watch(watch);
-                return Err(self.contended((key, kind), wait, start, attempts, remaining));
+                return Err(self.contended((key, kind), wait, start, t.count, t.remaining));
             }
             if !subscribed {
                 // Subscribe, then try again at once before waiting.
                 subscribed = true;
-                match tokio::time::timeout_at(deadline, self.subscribe(key)).await {
-                    Ok(w) => watch = Some(w),
-                    Err(_) => {
-                        return Err(self.contended((key, kind), wait, start, attempts, remaining));
+                match self.keeping_mark(&mut t, self.subscribe(key)).await? {
+                    Kept::Done(w) => watch = Some(w),
+                    Kept::Acquired(done) => return Ok(done),
+                    Kept::TimedOut => {
+                        return Err(self.contended((key, kind), wait, start, t.count, t.remaining));
                     }
                 }
                 continue;
             }
-            let mut cap = match remaining {
+            let mut cap = match t.remaining {
                 Some(r) => o.poll.min(r + Duration::from_millis(1)),
                 None => o.poll,
             };
-            if let Ask::Write { waiter: Some(_) } = ask {
-                // A waiting writer's mark lasts a lease: renewed by a try
-                // every lease/3 at the least, as a lease is.
-                cap = cap.min(o.lease / 3);
+            if let Some(mark) = &t.mark {
+                // A waiting writer's mark lasts what each try asks for (the
+                // lease, or the hold cap if shorter): renewed by a try every
+                // third of that at the least, as a lease is.
+                cap = cap.min(mark.every);
             }
             // Jitter in [cap/2, cap] so waiters do not poll in lockstep.
             // (Saturating: a poll interval of `Duration::MAX` means "only
             // on notifications and at the deadline".)
             let nap = (cap / 2).saturating_add((cap / 2).mul_f64(fastrand::f64()));
-            let wake = far_add(now, nap).min(deadline);
+            let mut wake = far_add(now, nap).min(deadline);
+            if let Some(due) = t.mark.as_ref().and_then(|m| m.due) {
+                wake = wake.min(due);
+            }
             let store_release = async {
                 match watch.as_mut() {
                     Some(w) => w.released().await,
@@ -226,6 +286,58 @@ impl<S: LockStore> Locker<S> {
                 _ = queue.released.notified() => {}
                 _ = store_release => {}
                 _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    /// One try at the store, counted; the mark of a waiting writer is
+    /// renewed by it (due again a third of its length after the try
+    /// starts: it lasts from when the store runs the try, no earlier).
+    async fn try_once(&self, t: &mut Tries<'_>, contended: bool) -> Result<Step, Error> {
+        t.count += 1;
+        if let Some(mark) = &mut t.mark {
+            mark.due = Some(far_add(Instant::now(), mark.every));
+        }
+        let step = self
+            .attempt(t.key, t.ask, t.start, (t.count, contended))
+            .await?;
+        if let Step::Held(r) = step {
+            t.remaining = r;
+        }
+        Ok(step)
+    }
+
+    /// Runs `step`, a part of the wait that asks the store nothing (waiting
+    /// for this process's turn, subscribing), until it ends or the deadline
+    /// passes. Meanwhile a waiting writer's mark is renewed by a try each
+    /// time it falls due, so that it never lapses while the writer waits,
+    /// whatever `step` waits for; such a try may be granted, which ends it.
+    async fn keeping_mark<T>(
+        &self,
+        t: &mut Tries<'_>,
+        step: impl Future<Output = T>,
+    ) -> Result<Kept<T>, Error> {
+        let mut step = std::pin::pin!(step);
+        loop {
+            let due = t.mark.as_ref().and_then(|m| m.due);
+            let renew = async {
+                match due {
+                    Some(due) => tokio::time::sleep_until(due).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                out = &mut step => return Ok(Kept::Done(out)),
+                () = tokio::time::sleep_until(t.deadline) => return Ok(Kept::TimedOut),
+                () = renew => {}
+            }
+            let deadline = t.deadline;
+            match tokio::time::timeout_at(deadline, self.try_once(t, true)).await {
+                Ok(Ok(Step::Done(done))) => return Ok(Kept::Acquired(done)),
+                Ok(Ok(Step::Held(_))) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Ok(Kept::TimedOut),
             }
         }
     }
@@ -270,7 +382,7 @@ impl<S: LockStore> Locker<S> {
         let attempt_start = Instant::now();
         // The first lease, like every renewal, ends by the hold cap: a cap
         // shorter than the lease shortens the grant itself.
-        let first = o.max_hold.map_or(o.lease, |cap| o.lease.min(cap));
+        let first = o.first_lease();
         let kind = ask.kind();
         let undo = UndoOf::Grant(kind, key, owner);
         let pending = PendingAttempt::new(&self.inner.recovery, undo, &runtime);

@@ -11,3 +11,4 @@ mod reentry;
 mod renewal_isolation;
 mod test_util;
 mod watchdog_paused;
+mod writer_marks;

@@ -797,6 +797,66 @@ async fn redis_a_waiting_writers_mark_is_renewed_while_it_waits() {
     a_waiting_writers_mark_is_renewed_while_it_waits(store).await;
 }
 
+/// A waiting writer's mark lasts what its tries ask for, the hold cap
+/// (2.4 s) where it is below the lease (30 s): the writer renews it at a
+/// third of that, not of the lease, although its locker polls once an
+/// hour. No new reader of another locker gets in for the whole wait (over
+/// two of the mark's lengths); then the writer goes first. (It was
+/// renewed at lease/3, 10 s: the mark lapsed 2.4 s into the wait and
+/// readers got in.) `paused`: the clock is tokio's paused one, and the
+/// writer's tries run at their exact times.
+async fn a_writers_mark_under_a_short_hold_cap_is_renewed_at_a_third_of_it<S: LockStore + Clone>(
+    store: S,
+) {
+    let cap = Duration::from_millis(2_400);
+    let holder = locker(store.clone(), 10_000, 0);
+    let writer = Locker::builder(store.clone())
+        .lease(Duration::from_secs(30))
+        .max_hold(cap)
+        .wait_timeout(Duration::from_secs(60))
+        .poll_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let other = locker(store, 10_000, 0);
+    let k = key("mark-capped");
+    let r = holder.rwlock(&k).unwrap().try_read().await.unwrap();
+    let rw = writer.rwlock(&k).unwrap();
+    let waiting = tokio::spawn(async move { rw.write().await });
+    // (Queued after its first try, which marked it.)
+    assert!(eventually(Duration::from_secs(5), async || writer.has_waiters(&k)).await);
+    let from = tokio::time::Instant::now();
+    while from.elapsed() < cap * 2 + cap / 12 {
+        match other.rwlock(&k).unwrap().try_read().await {
+            Err(e) => assert!(e.is_contended(), "{e}"),
+            Ok(_) => panic!("a reader got in {:?} into the wait", from.elapsed()),
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(!waiting.is_finished());
+    r.release().await.unwrap();
+    let w = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the writer was not granted")
+        .unwrap()
+        .unwrap();
+    assert!(read_refused(&other, &k).await);
+    w.release().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_a_writers_mark_under_a_short_hold_cap_is_renewed_at_a_third_of_it() {
+    a_writers_mark_under_a_short_hold_cap_is_renewed_at_a_third_of_it(
+        tower_redis_lock::MemoryStore::new(),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn redis_a_writers_mark_under_a_short_hold_cap_is_renewed_at_a_third_of_it() {
+    let (store, _server) = stores::redis();
+    a_writers_mark_under_a_short_hold_cap_is_renewed_at_a_third_of_it(store).await;
+}
+
 /// A read's token is the key's counter as it stands, even far ahead of the
 /// clock (not advanced: the next write mints the one above it).
 #[tokio::test]
