@@ -22,6 +22,13 @@
 //! failing while the store answers (a key of the wrong type) is given up
 //! after [`STRIKES`] rounds, logged.
 //!
+//! The task runs on a runtime of the locker's; when that runtime shuts
+//! down (the futures it drops abandon their calls as it goes: a waiting
+//! writer's mark is one), or there is none, the task's drop hands what is
+//! left to a thread of its own, with its own runtime, for at most
+//! [`RESCUE_LIMIT`] (see [`Running`]): only a process that dies leaves its
+//! undos to the leases' ends.
+//!
 //! Bounded: at most [`CAP`] undos wait at once (more are dropped, logged
 //! once per outage: their grants expire at their lease end).
 
@@ -143,8 +150,9 @@ impl Recovery {
 
     /// Takes back, in the background, what an abandoned call may have left
     /// in the store. `suspect`: the call failed (rather than being
-    /// dropped), so that what is taken back was granted late. Spawned on the current runtime, else on `runtime`; with
-    /// neither, what it left expires at its lease end.
+    /// dropped), so that what is taken back was granted late. Run by a
+    /// task on the current runtime, else on `runtime`; with neither (or
+    /// one shutting down), on a thread of its own (see [`Running`]).
     pub(crate) fn abandon(self: &Arc<Self>, undo: Undo, suspect: bool, runtime: Option<&Handle>) {
         {
             let mut state = lock(&self.state);
@@ -192,32 +200,119 @@ impl Recovery {
             }
             state.running = true;
         }
-        let task = Running(self.clone()).run();
-        if !spawn_detached(runtime, task) {
-            lock(&self.state).running = false;
-        }
+        // (Not spawned, or spawned on a runtime that is shutting down, the
+        // task is dropped unrun: `Running`'s drop hands its work on.)
+        let task = Running::new(self.clone(), false).run();
+        spawn_detached(runtime, task);
     }
 }
 
+/// How long a rescue (see [`Running`]'s drop) may take.
+pub(crate) const RESCUE_LIMIT: Duration = Duration::from_secs(5);
+
 /// The background task's hold on its recovery: clears `running` however
-/// the task ends (its runtime may drop it unfinished).
-struct Running(Arc<Recovery>);
+/// the task ends. Dropped unfinished — its runtime shut down (an undo of a
+/// future that runtime dropped, a waiting writer's mark among them, is
+/// abandoned as it goes), or it was never spawned: no runtime at all —
+/// with undos left, it hands them to a rescue: a thread of its own that
+/// runs them on a current-thread runtime for at most [`RESCUE_LIMIT`].
+/// What the rescue does not get to lapses at its lease end, as everything
+/// does when the process itself dies.
+struct Running {
+    recovery: Arc<Recovery>,
+    /// The task ended by itself (and cleared `running` then).
+    finished: bool,
+    /// This is a rescue: dropped unfinished, it hands nothing on.
+    rescue: bool,
+    /// The undos of the round in flight (put back if the task is dropped).
+    in_flight: Vec<Undo>,
+}
 
 impl Drop for Running {
     fn drop(&mut self) {
-        lock(&self.0.state).running = false;
+        if self.finished {
+            return;
+        }
+        let mut state = lock(&self.recovery.state);
+        for undo in self.in_flight.drain(..) {
+            if state.waiting.len() < CAP {
+                state.waiting.push_back(Leftover {
+                    undo,
+                    suspect: true,
+                    strikes: 0,
+                });
+            }
+        }
+        if self.rescue || state.waiting.is_empty() {
+            state.running = false;
+            return;
+        }
+        // (`running` stays set: the rescue runs them.)
+        let waiting = state.waiting.len();
+        drop(state);
+        rescue(self.recovery.clone(), waiting);
+    }
+}
+
+/// Runs the undos of a recovery whose task has no runtime left on a thread
+/// of its own (see [`Running`]).
+fn rescue(recovery: Arc<Recovery>, waiting: usize) {
+    tracing::debug!(
+        waiting,
+        "the lock recovery's runtime is gone; taking its undos back on a thread of its own"
+    );
+    let on_thread = recovery.clone();
+    let spawned = std::thread::Builder::new()
+        .name("lock-recovery".into())
+        .spawn(move || {
+            let run = Running::new(on_thread.clone(), true).run();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            let done = match rt {
+                // (The timer made inside: it needs the runtime's clock.)
+                Ok(rt) => rt
+                    .block_on(async { tokio::time::timeout(RESCUE_LIMIT, run).await })
+                    .is_ok(),
+                Err(_) => {
+                    drop(run);
+                    false
+                }
+            };
+            let left = on_thread.waiting();
+            if !done && left > 0 {
+                tracing::warn!(
+                    left,
+                    "abandoned lock calls not taken back before their runtime went: \
+                     what they left lapses at its lease end"
+                );
+            }
+        });
+    if spawned.is_err() {
+        lock(&recovery.state).running = false;
     }
 }
 
 impl Running {
-    async fn run(self) {
-        let r = &*self.0;
+    fn new(recovery: Arc<Recovery>, rescue: bool) -> Self {
+        Running {
+            recovery,
+            finished: false,
+            rescue,
+            in_flight: Vec::new(),
+        }
+    }
+
+    async fn run(mut self) {
+        let recovery = &self.recovery;
+        let r = &**recovery;
         let mut pause = PAUSE_FIRST;
         // Whether the last round failed: then the store is asked first
         // (one call), and the undos wait until it answers, so that an
         // outage costs one call a round, not one per undo.
         let mut troubled = false;
         loop {
+            self.in_flight.clear();
             let batch: Vec<Leftover> = {
                 let mut state = lock(&r.state);
                 if state.waiting.is_empty() {
@@ -229,14 +324,17 @@ impl Running {
                         );
                     }
                     // Nothing to undo, and the store is up (or nobody is
-                    // left to ask: the locker and its guards are gone).
-                    if !r.health.is_down() || Arc::strong_count(&self.0) == 1 {
+                    // left to ask: the locker and its guards are gone; or
+                    // this is a rescue, which only undoes).
+                    if !r.health.is_down() || Arc::strong_count(recovery) == 1 || self.rescue {
                         state.running = false;
+                        self.finished = true;
                         return;
                     }
                 }
                 state.waiting.drain(..).collect()
             };
+            self.in_flight = batch.iter().map(|left| left.undo.clone()).collect();
             let healthy = if batch.is_empty() || troubled || r.health.is_down() {
                 let up = probe(r).await;
                 if up && !batch.is_empty() {

@@ -32,8 +32,9 @@ use crate::token::OwnerToken;
 ///   that at the least, whatever the poll interval, while it waits (for
 ///   the store, for its turn among this process's waiters, for its
 ///   subscription); a writer that gives up (its wait ends, its future is
-///   dropped) takes it back, and one that crashed stops holding readers
-///   back when the mark's lease ends. A writer that only tries
+///   dropped, its runtime shuts down) takes it back, and one whose process
+///   died stops holding readers back when the mark's lease ends. A writer
+///   that only tries
 ///   ([`try_write`](ReadWriteLock::try_write)) marks nothing.
 /// * **Fencing tokens**: a write grant mints one from the key's fencing
 ///   counter (the one its lock and permits use). A read guard carries the
@@ -189,6 +190,7 @@ impl<S: LockStore> ReadWriteLock<S> {
         let mark = Withdraw {
             armed: Some((self.key.clone(), waiter)),
             locker: &self.locker,
+            runtime: tokio::runtime::Handle::try_current().ok(),
         };
         let res = self
             .take(
@@ -227,10 +229,16 @@ impl<S: LockStore> ReadWriteLock<S> {
 /// Takes a waiting writer's mark back when the write acquire ends without
 /// a grant: at once when its wait ran out or it failed, in the background
 /// (with the locker's other undos, until the store answers) when its future
-/// was dropped or the withdrawal failed.
+/// was dropped or the withdrawal failed. A future dropped by its runtime's
+/// shutdown, or outside any runtime, is no exception: the undo goes on,
+/// on a thread of its own if no runtime is left to run it (see
+/// `recovery.rs`).
 struct Withdraw<'a, S: LockStore> {
     armed: Option<(LockKey, u128)>,
     locker: &'a Locker<S>,
+    /// The runtime the acquire runs on: where the undo goes when the
+    /// future is dropped outside any runtime.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl<S: LockStore> Withdraw<'_, S> {
@@ -262,14 +270,13 @@ impl<S: LockStore> Withdraw<'_, S> {
 
     fn undo(&self, key: LockKey, waiter: OwnerToken, suspect: bool) {
         let recovery = &self.locker.inner.recovery;
-        recovery.abandon(Undo::Mark { key, waiter }, suspect, None);
+        recovery.abandon(Undo::Mark { key, waiter }, suspect, self.runtime.as_ref());
     }
 }
 
 impl<S: LockStore> Drop for Withdraw<'_, S> {
     fn drop(&mut self) {
         if let Some((key, waiter)) = self.armed.take() {
-            // (Outside a runtime the mark lapses at its lease end.)
             self.undo(key, OwnerToken::from_u128(waiter), false);
         }
     }

@@ -1,10 +1,12 @@
 //! A waiting writer's mark (reader-writer locks): kept on every path of
-//! the wait, whatever the poll interval and the hold cap.
+//! the wait, whatever the poll interval and the hold cap, and taken back
+//! however the wait ends, its runtime's shutdown included.
 //!
 //! The paths of the wait that ask the store nothing (waiting for this
 //! process's turn, subscribing) run on the memory store wrapped so that a
 //! write try's answer or a subscription can be held at a gate, on a paused
-//! clock.
+//! clock; the runtime's shutdown runs on the memory store and on a real
+//! `redis-server`.
 
 use crate::support;
 
@@ -12,11 +14,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use support::eventually;
+use support::{RedisServer, eventually};
 use tokio::sync::watch;
 use tower_redis_lock::{
     AcquireOutcome, Error, Grant, LeaseKind, LockKey, LockStore, Locker, MemoryStore, OwnerToken,
-    ReleaseWatch,
+    RedisStore, ReleaseWatch,
 };
 
 fn key(id: &str) -> LockKey {
@@ -245,4 +247,115 @@ async fn a_writer_whose_subscription_is_slow_keeps_its_mark() {
     assert!(held.release().await.unwrap());
     let w = writer_first(&others, &k, writing).await;
     assert!(w.release().await.unwrap());
+}
+
+/// How a runtime goes.
+#[derive(Clone, Copy, Debug)]
+enum Shutdown {
+    /// `Runtime::shutdown_timeout`, a worker thread running the writer.
+    Timeout,
+    /// Dropped (a current-thread runtime, its tasks not driven).
+    Drop,
+}
+
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A writer waits (its mark lasts 30 s, its locker's lease) on a runtime
+/// of its own; the runtime shuts down: the mark is taken back then,
+/// though no task of that runtime runs any more, and a reader of another
+/// process gets in right after, not when the mark's 30 s end. `writer`
+/// is used on the writer's runtime only, `other` on the main one.
+fn a_writers_mark_goes_with_its_runtime<S: LockStore, T: LockStore>(
+    writer: Locker<S>,
+    other: Locker<T>,
+    how: Shutdown,
+) {
+    let k = key(&format!("runtime-{how:?}"));
+    let main = current_thread();
+    let held = main.block_on(async { other.rwlock(&k).unwrap().try_read().await.unwrap() });
+    let rt = match how {
+        Shutdown::Timeout => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap(),
+        Shutdown::Drop => current_thread(),
+    };
+    let rw = writer.rwlock(&k).unwrap();
+    let writing = rt.spawn(async move { rw.write_within(Duration::from_secs(60)).await });
+    assert!(
+        rt.block_on(eventually(Duration::from_secs(5), async || writer.has_waiters(&k))),
+        "the writer never waited"
+    );
+    main.block_on(async {
+        assert!(read_refused(&other, &k).await, "the writer was not marked");
+    });
+    match how {
+        Shutdown::Timeout => rt.shutdown_timeout(Duration::from_secs(5)),
+        Shutdown::Drop => drop(rt),
+    }
+    drop(writing);
+    main.block_on(async {
+        assert!(
+            eventually(Duration::from_secs(5), async || !read_refused(&other, &k)
+                .await)
+            .await,
+            "readers kept out after the writer's runtime shut down"
+        );
+        held.release().await.unwrap();
+    });
+}
+
+fn marked_for_30_s<S: LockStore>(store: S) -> Locker<S> {
+    Locker::builder(store)
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn memory_a_writers_mark_is_taken_back_when_its_runtime_is_dropped() {
+    let store = MemoryStore::new();
+    a_writers_mark_goes_with_its_runtime(
+        marked_for_30_s(store.clone()),
+        other(&store),
+        Shutdown::Drop,
+    );
+}
+
+#[test]
+fn memory_a_writers_mark_is_taken_back_when_its_runtime_shuts_down() {
+    let store = MemoryStore::new();
+    a_writers_mark_goes_with_its_runtime(
+        marked_for_30_s(store.clone()),
+        other(&store),
+        Shutdown::Timeout,
+    );
+}
+
+/// On Redis, the writer's store (its own connections, opened on the
+/// writer's runtime and dead with it) is another process's.
+fn redis_lockers(server: &RedisServer) -> (Locker<RedisStore>, Locker<RedisStore>) {
+    let writer = RedisStore::from_url(&server.url()).unwrap();
+    let other = RedisStore::from_url(&server.url()).unwrap();
+    (marked_for_30_s(writer), Locker::new(other))
+}
+
+#[test]
+fn redis_a_writers_mark_is_taken_back_when_its_runtime_is_dropped() {
+    let server = RedisServer::start();
+    let (writer, other) = redis_lockers(&server);
+    a_writers_mark_goes_with_its_runtime(writer, other, Shutdown::Drop);
+}
+
+#[test]
+fn redis_a_writers_mark_is_taken_back_when_its_runtime_shuts_down() {
+    let server = RedisServer::start();
+    let (writer, other) = redis_lockers(&server);
+    a_writers_mark_goes_with_its_runtime(writer, other, Shutdown::Timeout);
 }
