@@ -96,9 +96,12 @@ impl<S: LockStore> Locker<S> {
     /// * **Cancellation**: dropping the future at any point is safe: every
     ///   key of an attempt whose answer was not received is released in the
     ///   background, owner-checked.
-    /// * **Re-entry**: none. Asked inside the [`scope`](crate::LockGuard::scope)
-    ///   of one of its keys it would wait for itself, so it answers
-    ///   [`Error::Config`] at once.
+    /// * **Re-entry**: none for a list. Asked inside the
+    ///   [`scope`](crate::LockGuard::scope) of one of its keys (a lock's,
+    ///   or a [`MultiGuard`]'s) it would wait for itself, so it answers
+    ///   [`Error::Config`] at once. The other way round, a single acquire
+    ///   of one of the keys inside [`MultiGuard::scope`] re-enters that
+    ///   key's lease.
     ///
     /// ```
     /// use tower_redis_lock::{LockKey, Locker, MemoryStore};

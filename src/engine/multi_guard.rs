@@ -11,6 +11,7 @@ use tracing::Instrument;
 use super::guard::LockGuard;
 use super::hold::Hold;
 use super::pending::{EndOp, PendingEnd, trace_release};
+use super::reentry;
 use crate::error::Error;
 use crate::key::LockKey;
 use crate::observe;
@@ -38,8 +39,15 @@ use crate::token::{FencingToken, Unfenced};
 /// * **Tokens**: [`fencing_tokens`](MultiGuard::fencing_tokens), one per key
 ///   in the guard's key order (sorted, duplicates removed; see
 ///   [`keys`](MultiGuard::keys)).
-/// * No re-entry and no record: a multi-key hold has no
-///   [`scope`](LockGuard::scope), [`finish`](LockGuard::finish) or
+/// * **Re-entry**, in [`scope`](MultiGuard::scope) (the
+///   `MultiLockLayer` (feature `axum`) runs its inner service in it): a
+///   single [`Locker::acquire`](crate::Locker::acquire) of one of the keys
+///   (or a `LockLayer` nested inside on that key) is one more hold of that
+///   key's lease, with its fencing token, lost when it is, instead of a
+///   wait for this guard; an
+///   [`acquire_all`](crate::Locker::acquire_all) of any of them is
+///   refused ([`Error::Config`]) as it would wait for itself.
+/// * No record: a multi-key hold has no [`finish`](LockGuard::finish) or
 ///   [`export`](LockGuard::export).
 #[derive(Clone)]
 #[must_use = "the keys are released as soon as their guard is dropped; keep the guard while the work runs"]
@@ -59,6 +67,46 @@ impl MultiGuard {
     /// The holds, one per key in key order.
     pub(crate) fn holds(&self) -> &[Arc<Hold>] {
         &self.holds
+    }
+
+    /// Runs `fut` with every key of this guard registered as held by the
+    /// current task, as [`LockGuard::scope`] does for one: a
+    /// [`Locker`](crate::Locker) call for one of the keys inside it (through
+    /// any locker on the same store or a clone of it) re-enters that key's
+    /// lease instead of waiting for this guard. The re-entered
+    /// [`LockGuard`] is one more hold of that key's lease: the key's
+    /// fencing token, lost when the key is, and the key stays held until
+    /// its last hold is given back, this guard's
+    /// [`release`](MultiGuard::release) included. (Its
+    /// [`finish`](LockGuard::finish) or [`export`](LockGuard::export) ends
+    /// the key's lease for this guard too, which then no longer counts as
+    /// held.) An [`acquire_all`](crate::Locker::acquire_all) of any of the
+    /// keys inside it answers [`Error::Config`]. Tasks spawned from `fut`
+    /// are not inside the scope.
+    ///
+    /// ```
+    /// use tower_redis_lock::{LockKey, Locker, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_redis_lock::Error> {
+    /// let locker = Locker::new(MemoryStore::new());
+    /// let (a, b) = (LockKey::new("accounts", "A-1")?, LockKey::new("accounts", "B-7")?);
+    /// let both = locker.acquire_all(&[a.clone(), b]).await?;
+    /// let token = both
+    ///     .scope(async {
+    ///         // Deep inside the same work: no wait for ourselves.
+    ///         let one = locker.acquire(&a).await?;
+    ///         assert_eq!(one.hold_count(), 2);
+    ///         Ok::<_, tower_redis_lock::Error>(one.fencing_token())
+    ///     })
+    ///     .await?;
+    /// assert_eq!(Some(token), both.fencing_token(&a));
+    /// assert!(both.release().await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn scope<F: Future>(&self, fut: F) -> impl Future<Output = F::Output> {
+        reentry::scope_all(self.holds.iter().map(Arc::downgrade), fut)
     }
 
     /// The keys, in the guard's order: sorted (the fixed global order the
@@ -164,23 +212,27 @@ impl MultiGuard {
     ///
     /// `Ok(true)` if every key was still ours, `Ok(false)` if any had
     /// expired or been taken over (the others are released all the same),
-    /// or the guard was released before through a clone. An `Err` (the
-    /// store did not answer) leaves no key to its lease: each is released
-    /// in the background, retried until the store answers or its lease is
-    /// over; dropping the future before the answer does the same.
+    /// or the guard was released before through a clone. A key re-entered
+    /// in its [`scope`](MultiGuard::scope) whose other hold is not given
+    /// back yet is not sent: it stays held for that hold (and counts as
+    /// ours while it is valid), and goes with it. An `Err` (the store did
+    /// not answer) leaves no key to its lease: each is released in the
+    /// background, retried until the store answers or its lease is over;
+    /// dropping the future before the answer does the same.
     pub async fn release(self) -> Result<bool, Error> {
         // Renewal stops for every key before anything is sent.
         let mut ours = Vec::with_capacity(self.holds.len());
         let mut all = true;
         for h in self.holds.iter() {
-            if h.end_hold() == Some(true) && h.stop_renewal() {
-                ours.push(h);
-            } else {
-                all = false;
+            match h.end_hold() {
+                Some(true) if h.stop_renewal() => ours.push(h),
+                // Re-entered: held on for the other hold, which ends it.
+                Some(false) => all &= h.lease().is_valid_now(),
+                _ => all = false,
             }
         }
         let Some(first) = ours.first() else {
-            return Ok(false);
+            return Ok(all);
         };
         let mut pending: Vec<PendingEnd<'_>> = ours
             .iter()

@@ -36,10 +36,19 @@ pub(crate) fn held_by_task(key: &LockKey, kind: LeaseKind, store: usize) -> Opti
 
 /// Runs `fut` with `hold` added to the current task's holds.
 pub(crate) fn scope<F: Future>(hold: Weak<Hold>, fut: F) -> impl Future<Output = F::Output> {
-    // Usually the first hold of the task: one allocation, no copy.
+    scope_all([hold], fut)
+}
+
+/// Runs `fut` with `holds` (a multi-key grant's, one per key) added to the
+/// current task's holds.
+pub(crate) fn scope_all<F: Future>(
+    holds: impl IntoIterator<Item = Weak<Hold>>,
+    fut: F,
+) -> impl Future<Output = F::Output> {
+    // Usually the first holds of the task: one allocation, no copy.
     let held: Arc<[Weak<Hold>]> = match TASK_HOLDS.try_with(Arc::clone) {
-        Ok(outer) => outer.iter().cloned().chain([hold]).collect(),
-        Err(_) => Arc::new([hold]),
+        Ok(outer) => outer.iter().cloned().chain(holds).collect(),
+        Err(_) => holds.into_iter().collect(),
     };
     TASK_HOLDS.scope(held, fut)
 }

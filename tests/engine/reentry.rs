@@ -113,6 +113,93 @@ async fn holds_are_counted_and_the_last_one_releases_redis() {
     );
 }
 
+/// Inside a multi-key guard's scope, a single acquire of one of its keys
+/// (through a locker that would wait 2 s for it, or another locker on the
+/// same store) re-enters that key's lease at once: one more hold, the
+/// key's token from the grant; a list of any of the keys is refused at
+/// once. Outside the scope it is an ordinary wait. A key stays held until
+/// its last hold goes, the guard's release included (which answers
+/// `true`); the other keys go with the guard. `other` acts as a second
+/// process.
+async fn a_single_acquire_reenters_a_multi_key_grant<St: LockStore + Clone>(
+    store: St,
+    other: Locker<St>,
+) {
+    let waits = |store: &St| {
+        Locker::builder(store.clone())
+            .wait_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap()
+    };
+    let (locker, same_store) = (waits(&store), waits(&store));
+    let (a, b) = (key("multi-a"), key("multi-b"));
+    let both = locker.acquire_all(&[a.clone(), b.clone()]).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let (one, two, list) = both
+        .scope(async {
+            (
+                locker.acquire(&a).await.unwrap(),
+                same_store.acquire(&b).await.unwrap(),
+                locker
+                    .acquire_all(std::slice::from_ref(&b))
+                    .await
+                    .unwrap_err(),
+            )
+        })
+        .await;
+    assert!(started.elapsed() < Duration::from_secs(1), "it waited");
+    assert_eq!((one.hold_count(), two.hold_count()), (2, 2));
+    assert_eq!(both.fencing_token(&a), Some(one.fencing_token()));
+    assert_eq!(both.fencing_token(&b), Some(two.fencing_token()));
+    assert!(
+        matches!(&list, Error::Config(e) if e.setting() == "keys"),
+        "{list:?}"
+    );
+    assert!(locker.try_acquire(&a).await.unwrap_err().is_contended());
+    drop(two);
+    assert!(both.release().await.unwrap());
+    assert!(
+        !free_for_others(&other, &a).await,
+        "a key was released under the hold that re-entered it"
+    );
+    assert!(free_for_others(&other, &b).await);
+    assert!(one.is_held());
+    assert!(one.release().await.unwrap());
+    assert!(free_for_others(&other, &a).await);
+}
+
+#[tokio::test]
+async fn a_single_acquire_reenters_a_multi_key_grant_memory() {
+    let store = MemoryStore::new();
+    a_single_acquire_reenters_a_multi_key_grant(store.clone(), Locker::new(store)).await;
+}
+
+#[tokio::test]
+async fn a_single_acquire_reenters_a_multi_key_grant_redis() {
+    let server = RedisServer::start();
+    let store = RedisStore::from_url(&server.url()).unwrap();
+    let other = Locker::new(RedisStore::from_url(&server.url()).unwrap());
+    a_single_acquire_reenters_a_multi_key_grant(store, other).await;
+}
+
+/// A key's lease re-entered from a multi-key guard is one lease: lost for
+/// the re-entered hold (a renewal finds another owner), it is lost for
+/// the guard too.
+#[tokio::test]
+async fn a_multi_key_grant_and_its_reentry_are_lost_together() {
+    let store = MemoryStore::new();
+    let locker = Locker::new(store.clone());
+    let (a, b) = (key("lost-a"), key("lost-b"));
+    let both = locker.acquire_all(&[a.clone(), b]).await.unwrap();
+    let one = both.scope(locker.acquire(&a)).await.unwrap();
+    assert!(store.lose(&a));
+    assert!(matches!(one.extend().await, Err(Error::LockLost { .. })));
+    assert!(both.is_lost() && !both.is_held());
+    tokio::time::timeout(LIMIT, both.lost())
+        .await
+        .expect("the guard did not hear of its key's loss");
+}
+
 #[tokio::test]
 async fn a_reentry_sends_nothing_to_redis() {
     let server = RedisServer::start();
