@@ -69,6 +69,15 @@ impl MultiGuard {
         &self.holds
     }
 
+    /// Whether `guard` is a hold of one of this guard's leases (a single
+    /// acquire that re-entered it). (Only the HTTP layer asks.)
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    pub(crate) fn has_grant(&self, guard: &LockGuard) -> bool {
+        self.holds
+            .iter()
+            .any(|h| Arc::ptr_eq(h.lease(), guard.lease_state()))
+    }
+
     /// Runs `fut` with every key of this guard registered as held by the
     /// current task, as [`LockGuard::scope`] does for one: a
     /// [`Locker`](crate::Locker) call for one of the keys inside it (through

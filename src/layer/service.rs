@@ -20,7 +20,7 @@ use super::idempotency::{Fingerprint, Record};
 use super::key::route_namespace;
 use super::problem::{Problem, ProblemKind};
 use super::replay::{finish, replay};
-use crate::engine::{Acquired, LockGuard};
+use crate::engine::{Acquired, LockGuard, MultiGuard};
 use crate::error::{BoxError, Chain, Error};
 use crate::key::LockKey;
 use crate::store::{LockStore, OperatorStore, RwMode};
@@ -212,18 +212,18 @@ where
         Keyed::Unlocked(req) => return run_unlocked(inner, req).await,
     };
     // 2. The lock, or the completed record. An enclosing lock layer's guard
-    // in the request is the scope the locker decides re-entry in (the same
-    // task-local check as for a handler that asks the locker itself), so a
-    // request handed to another task, with its extensions, still re-enters
-    // instead of waiting for its own lock.
-    let parent = req.extensions().get::<LockGuard>().cloned();
+    // in the request (or a multi-key layer's) is the scope the locker
+    // decides re-entry in (the same task-local check as for a handler that
+    // asks the locker itself), so a request handed to another task, with
+    // its extensions, still re-enters instead of waiting for its own lock.
+    let parents = Parents::of(req.extensions());
     let mode = c.rw.as_ref().map(|m| m.of(req.method()));
-    let guard = match take(c, &key, mode, parent.as_ref(), fingerprint).await? {
+    let guard = match take(c, &key, mode, &parents, fingerprint).await? {
         Taken::Locked(guard) => guard,
         Taken::Replayed(res) => return Ok(*res),
         Taken::FailedOpen => return run_unlocked(inner, req).await,
     };
-    if parent.as_ref().is_some_and(|p| p.same_grant(&guard)) {
+    if parents.granted(&guard) {
         return reentered(c, inner, req, guard, &key).await;
     }
     // 3. The service, under the lock. A handler may take the lock over
@@ -382,6 +382,40 @@ fn no_key<St, B>(c: &Config<St>, req: &Request<B>) -> Problem {
     Problem::new(StatusCode::BAD_REQUEST, detail).of_kind(ProblemKind::MissingKey)
 }
 
+/// The holds of the layers around this one, as the request carries them:
+/// a lock layer's guard, a multi-key layer's guard.
+struct Parents {
+    lock: Option<LockGuard>,
+    multi: Option<MultiGuard>,
+}
+
+impl Parents {
+    fn of(extensions: &http::Extensions) -> Self {
+        Parents {
+            lock: extensions.get::<LockGuard>().cloned(),
+            multi: extensions.get::<MultiGuard>().cloned(),
+        }
+    }
+
+    /// Runs `fut` in their scopes (they never share a key: a multi-key
+    /// grant inside a lock's scope of one of its keys is refused, and a
+    /// lock of one of a multi-key grant's keys inside its scope re-enters).
+    async fn scope<F: Future>(&self, fut: F) -> F::Output {
+        match (&self.lock, &self.multi) {
+            (Some(lock), Some(multi)) => lock.scope(multi.scope(fut)).await,
+            (Some(lock), None) => lock.scope(fut).await,
+            (None, Some(multi)) => multi.scope(fut).await,
+            (None, None) => fut.await,
+        }
+    }
+
+    /// Whether `guard` re-entered one of their grants.
+    fn granted(&self, guard: &LockGuard) -> bool {
+        self.lock.as_ref().is_some_and(|p| p.same_grant(guard))
+            || self.multi.as_ref().is_some_and(|m| m.has_grant(guard))
+    }
+}
+
 /// What step 2 found.
 enum Taken<B> {
     Locked(LockGuard),
@@ -396,7 +430,7 @@ async fn take<St: LockStore, B>(
     c: &Config<St>,
     key: &LockKey,
     mode: Option<RwMode>,
-    parent: Option<&LockGuard>,
+    parents: &Parents,
     fingerprint: Option<[u8; 32]>,
 ) -> Result<Taken<B>, Problem> {
     let take = async {
@@ -414,10 +448,7 @@ async fn take<St: LockStore, B>(
             (None, None) => c.locker.acquire(key).await.map(Acquired::Locked),
         }
     };
-    let taken = match parent {
-        Some(parent) => parent.scope(take).await,
-        None => take.await,
-    };
+    let taken = parents.scope(take).await;
     // The engine hands back the stored bytes; the record codec is ours.
     let taken = match taken {
         Ok(Acquired::Locked(guard)) => Ok(guard),
@@ -472,10 +503,14 @@ async fn take<St: LockStore, B>(
 
 /// Steps 3 and 4 for a re-entered lock: one more hold on the enclosing
 /// layer's grant (nested locked routes or services on the same key and
-/// store). The record, if any, is the outer layer's to store — so an
-/// idempotent layer re-enters only a lock taken by an idempotent layer:
-/// under any other, no record would be checked or stored and every
-/// duplicate would run again.
+/// store; or a multi-key layer around this one, one of whose keys this
+/// is). The handler finds this hold as its `LockGuard` and its token as its
+/// `FencingToken` (the enclosing grant's token of the key); the response's
+/// token header is the outer layer's to set. The record, if any, is the
+/// outer layer's to store — so an idempotent layer re-enters only a lock
+/// taken by an idempotent layer: under any other (a multi-key layer stores
+/// none), no record would be checked or stored and every duplicate would
+/// run again.
 async fn reentered<S, St, ReqBody, ResBody>(
     c: &Config<St>,
     mut inner: S,
@@ -512,6 +547,9 @@ where
     }
     let token = guard.fencing_token();
     req.extensions_mut().insert(guard.clone());
+    if let Ok(token) = token {
+        req.extensions_mut().insert(token);
+    }
     let res = guard.scope(inner.call(req)).await;
     let _ = guard.release().await;
     let mut res = res.map_err(Exit::Failed)?;

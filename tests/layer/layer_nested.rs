@@ -9,7 +9,9 @@ use axum::body::Body;
 use axum::routing::post;
 use http::{Request, StatusCode};
 use tower::ServiceExt;
-use tower_redis_lock::{FencingToken, KeyFrom, LockGuard, LockLayer, Locker, MemoryStore};
+use tower_redis_lock::{
+    FencingToken, KeyFrom, LockGuard, LockLayer, Locker, MemoryStore, MultiLockLayer,
+};
 
 async fn token(guard: LockGuard, fencing: FencingToken) -> String {
     assert_eq!(guard.fencing_token().unwrap(), fencing);
@@ -208,6 +210,51 @@ async fn an_inner_layer_reached_on_another_task_still_re_enters() {
     let header = res.headers()["fencing-token"].to_str().unwrap().to_owned();
     let body = axum::body::to_bytes(res.into_body(), 1024).await.unwrap();
     assert_eq!(header.as_bytes(), &body[..], "one token for both layers");
+    assert_eq!(store.held_count(), 0);
+}
+
+/// A lock layer inside a multi-key layer, one of whose keys it locks,
+/// reached on a task of its own: the request's `MultiGuard` is the scope it
+/// re-enters that key's lease in (as an enclosing lock's guard is), though
+/// it would wait 2 s (and answered 409 after them). Its handler sees that
+/// key's guard and token; the answer carries the multi-key layer's tokens,
+/// once each, in key order.
+#[tokio::test]
+async fn a_lock_layer_inside_a_multi_key_layer_reached_on_another_task_re_enters() {
+    let store = MemoryStore::new();
+    let multi = MultiLockLayer::builder(
+        Locker::new(store.clone()),
+        [
+            KeyFrom::path_param::<String>("id"),
+            KeyFrom::path_param::<String>("other"),
+        ],
+    )
+    .namespace("orders")
+    .build()
+    .unwrap();
+    let app = Router::new()
+        .route("/orders/{id}/{other}", post(token))
+        .layer(layer(&store, Duration::from_secs(2)))
+        .layer(tower::layer::layer_fn(Spawned))
+        .layer(multi);
+    let res = app
+        .oneshot(Request::post("/orders/1/2").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "the inner layer waited for the multi-key layer's lock"
+    );
+    let tokens: Vec<String> = res
+        .headers()
+        .get_all("fencing-token")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(tokens.len(), 2, "{tokens:?}");
+    let body = axum::body::to_bytes(res.into_body(), 1024).await.unwrap();
+    assert_eq!(tokens[0].as_bytes(), &body[..], "orders:1's token");
     assert_eq!(store.held_count(), 0);
 }
 

@@ -19,7 +19,8 @@ use axum::routing::post;
 use axum::{Extension, Router};
 use http::{HeaderName, Request, StatusCode};
 use tower_redis_lock::{
-    KeyFrom, LockKey, LockStore, Locker, MemoryStore, MultiGuard, MultiLockLayer, RedisStore,
+    FencingToken, Idempotency, KeyFrom, LockGuard, LockKey, LockLayer, LockStore, Locker,
+    MemoryStore, MultiGuard, MultiLockLayer, RedisStore,
 };
 
 fn locker<S: LockStore>(store: S, wait_ms: u64) -> Locker<S> {
@@ -161,6 +162,103 @@ async fn memory_transfers_both_ways_never_deadlock() {
 async fn redis_transfers_both_ways_never_deadlock() {
     let server = RedisServer::start();
     both_directions_never_deadlock(RedisStore::from_url(&server.url()).unwrap()).await;
+}
+
+/// A `LockLayer` on the transfer's `from` account, nested inside the
+/// transfer's `MultiLockLayer` (through a locker of its own on the same
+/// store, which would wait 2 s): it re-enters that account's lease instead
+/// of waiting for the request's own grant (it answered 409 after its
+/// wait). The handler sees the account's guard (a second hold of that
+/// lease), its token, and the transfer's guard, and its own acquire of the
+/// other account re-enters too; the answer carries the
+/// transfer's tokens once each; everything is released after. An
+/// idempotent layer nested there answers 500 (the transfer stores no
+/// record), never 409.
+async fn a_lock_layer_inside_reenters_its_key<S: LockStore + Clone>(store: S) {
+    let outer = MultiLockLayer::builder(
+        locker(store.clone(), 0),
+        [
+            KeyFrom::json_pointer::<String>("/from"),
+            KeyFrom::json_pointer::<String>("/to"),
+        ],
+    )
+    .namespace("accounts")
+    .build()
+    .unwrap();
+    let inner = |idempotent: bool| {
+        let b = LockLayer::builder(
+            locker(store.clone(), 2_000),
+            KeyFrom::json_pointer::<String>("/from"),
+        )
+        .namespace("accounts");
+        let b = if idempotent {
+            b.idempotent(Idempotency::new())
+        } else {
+            b
+        };
+        b.build().unwrap()
+    };
+    let waits = locker(store.clone(), 2_000);
+    let handler = move |guard: LockGuard,
+                        token: FencingToken,
+                        Extension(both): Extension<MultiGuard>| async move {
+        assert_eq!(guard.key(), &account("B-7"));
+        assert_eq!(guard.hold_count(), 2, "not a hold of the transfer's lease");
+        assert_eq!(guard.fencing_token(), Ok(token));
+        assert_eq!(both.fencing_token(guard.key()), Some(Ok(token)));
+        assert!(both.is_held() && guard.is_held());
+        // The handler runs in the transfer's scope too: its own acquire
+        // of the other account re-enters.
+        let to = waits.acquire(&account("A-1")).await.unwrap();
+        assert_eq!(to.hold_count(), 2);
+        assert_eq!(both.fencing_token(to.key()), Some(to.fencing_token()));
+        token.to_string()
+    };
+    let app = Router::new().route(
+        "/transfers",
+        post(handler)
+            .route_layer(inner(false))
+            .route_layer(outer.clone()),
+    );
+    let started = tokio::time::Instant::now();
+    let res = send(&app, transfer("B-7", "A-1")).await;
+    assert_eq!(res.status, StatusCode::OK, "{res:?}");
+    assert!(started.elapsed() < Duration::from_secs(2), "it waited");
+    let tokens = res.all(&TOKEN);
+    assert_eq!(tokens.len(), 2, "{res:?}");
+    assert_eq!(tokens[1], res.text(), "B-7's token is the handler's");
+    let l = locker(store.clone(), 0);
+    let both = l
+        .try_acquire_all(&[account("A-1"), account("B-7")])
+        .await
+        .expect("a key was left held");
+    both.release().await.unwrap();
+
+    let app = Router::new().route(
+        "/transfers",
+        post(|| async { "ran" })
+            .route_layer(inner(true))
+            .route_layer(outer),
+    );
+    send(&app, transfer("B-7", "A-1"))
+        .await
+        .problem(StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(
+        l.try_acquire_all(&[account("A-1"), account("B-7")])
+            .await
+            .is_ok()
+    );
+}
+
+#[tokio::test]
+async fn memory_a_lock_layer_inside_a_transfer_reenters_its_key() {
+    a_lock_layer_inside_reenters_its_key(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn redis_a_lock_layer_inside_a_transfer_reenters_its_key() {
+    let server = RedisServer::start();
+    a_lock_layer_inside_reenters_its_key(RedisStore::from_url(&server.url()).unwrap()).await;
 }
 
 /// A store that fails: 503 with `Retry-After` and problem+json. A body

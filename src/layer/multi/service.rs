@@ -105,13 +105,20 @@ where
             };
             let tokens = guard.fencing_tokens();
             req.extensions_mut().insert(guard.clone());
-            // (Dropped before the answer, the guard's keys are released in
-            // the background.)
-            let res = inner.call(req).await;
+            // In the guard's scope: a `LockLayer` inside on one of the keys,
+            // or the handler asking the locker for one, re-enters that key
+            // instead of waiting for this guard. (Dropped before the answer,
+            // the guard's keys are released in the background.)
+            let res = guard.scope(inner.call(req)).await;
             if let Err(e) = guard.release().await {
                 tracing::debug!(error = %Chain(&e), "releasing the request's keys failed; retrying in the background");
             }
             let mut res = res?;
+            // One value per key of this layer's, whatever a layer inside set
+            // (a lock layer re-entering one of the keys sets its token):
+            // the outer layer's tokens are the answer's, as a lock layer's
+            // are over a layer inside it.
+            res.headers_mut().remove(&c.header);
             for token in tokens.into_iter().flatten() {
                 res.headers_mut()
                     .append(c.header.clone(), HeaderValue::from(token.get()));
