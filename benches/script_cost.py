@@ -58,7 +58,10 @@ VARIANTS = [
      ["1", "k:__rand_int__", "a"]),
     ("the least grant (benches/compare/floor.rs)", None,
      ["2", "k:__rand_int__", "fence:b", OWNER, "30000", "86400000"]),
-    ("acquire.lua as shipped", src("token.lua", "owner.lua", "acquire.lua"),
+    # (As scripts.rs composes it: `migration!(6)` writes the prelude's
+    # first line.)
+    ("acquire.lua as shipped", src("token.lua", "owner.lua") + "local flags = ARGV[6]\n"
+     + src("migration.lua", "acquire.lua"),
      ["1", LOCK, OWNER, "30000", "trl:{cmp:1}:fence", "86400000"]),
 ]
 

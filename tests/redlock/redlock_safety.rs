@@ -12,7 +12,7 @@ use support::topology::start_independent;
 use support::{RedisServer, eventually, eventually_some, stores};
 use tower_redis_lock::{
     AcquireOutcome, Error, FencingToken, LeaseKind, LockKey, LockStore, LockStoreExt, OwnerToken,
-    RedlockStore, Renewal,
+    RedisStore, RedlockStore, Renewal,
 };
 
 /// Far above Redis `TIME` in µs (about 1.8e15 today), below 2^53 so the
@@ -352,19 +352,7 @@ async fn a_write_back_counts_each_node_once() {
     fence_ahead(&store, &servers, &[0, 1], &k);
     // Node 2: only the grant and release scripts, and no way to load more.
     servers[2].cmd(&["SCRIPT", "FLUSH"]);
-    for src in [
-        // (The grant script is token.lua's rule, owner.lua's owner check
-        // and acquire.lua; the release, the owner check and release.lua.)
-        concat!(
-            include_str!("../../src/store/redis/scripts/token.lua"),
-            include_str!("../../src/store/redis/scripts/owner.lua"),
-            include_str!("../../src/store/redis/scripts/acquire.lua")
-        ),
-        concat!(
-            include_str!("../../src/store/redis/scripts/owner.lua"),
-            include_str!("../../src/store/redis/scripts/release.lua")
-        ),
-    ] {
+    for src in RedisStore::lock_script_sources() {
         servers[2].cmd(&["SCRIPT", "LOAD", src]);
     }
     let denied = servers[2].cmd(&["ACL", "SETUSER", "default", "-script|load", "-eval"]);

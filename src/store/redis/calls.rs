@@ -179,8 +179,9 @@ impl RedisStore {
             Argv::Name(self.name(key, PERMITS_WAITED)),
             Argv::Str(""),
             Argv::Str(""),
+            // The flags of migration.lua.
             Argv::Str(if self.inner.source.is_cluster() {
-                "1"
+                "c"
             } else {
                 ""
             }),

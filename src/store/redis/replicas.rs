@@ -127,31 +127,13 @@ impl Grant<'_> {
     /// owner-checked, else 0.
     #[cfg(feature = "cluster")]
     fn held_here(&self, store: &RedisStore) -> redis::Cmd {
+        use super::scripts::{HELD_HERE_LOCK_SRC, HELD_HERE_MEMBER_SRC};
         let (script, name) = match self.kind {
-            // The owner alone, or followed by a space and the holder
-            // record (see owner.lua).
-            LeaseKind::Lock => (
-                "local v = redis.call('GET', ARGV[1]) \
-                 return (v == ARGV[2] or v and string.sub(v, 1, #ARGV[2] + 1) == ARGV[2] .. ' ') \
-                 and 1 or 0",
-                super::keys::LOCK,
-            ),
-            LeaseKind::Permit => (
-                "return redis.call('ZSCORE', ARGV[1], ARGV[2]) and 1 or 0",
-                super::keys::PERMITS,
-            ),
-            LeaseKind::WriterMark => (
-                "return redis.call('ZSCORE', ARGV[1], ARGV[2]) and 1 or 0",
-                super::keys::RW_WAITING,
-            ),
-            LeaseKind::Read => (
-                "return redis.call('ZSCORE', ARGV[1], ARGV[2]) and 1 or 0",
-                super::keys::RW_READERS,
-            ),
-            LeaseKind::Write => (
-                "return redis.call('GET', ARGV[1]) == ARGV[2] and 1 or 0",
-                super::keys::RW_WRITER,
-            ),
+            LeaseKind::Lock => (HELD_HERE_LOCK_SRC, super::keys::LOCK),
+            LeaseKind::Permit => (HELD_HERE_MEMBER_SRC, super::keys::PERMITS),
+            LeaseKind::WriterMark => (HELD_HERE_MEMBER_SRC, super::keys::RW_WAITING),
+            LeaseKind::Read => (HELD_HERE_MEMBER_SRC, super::keys::RW_READERS),
+            LeaseKind::Write => (HELD_HERE_LOCK_SRC, super::keys::RW_WRITER),
         };
         let mut c = redis::cmd("EVAL");
         c.arg(script)

@@ -20,12 +20,31 @@ use crate::key::LockKey;
 use crate::store::AcquireOutcome;
 use crate::token::FencingToken;
 
-/// The grant: the token rule (token.lua, shared with the multi-key grant),
-/// the owner check of a lock's value (owner.lua, shared by every script
-/// that reads one) and acquire.lua.
+// Every script is one `.lua` file behind the shared pieces it uses, each
+// written once and prepended here: the fencing token rule (token.lua), the
+// owner check of a lock's value (owner.lua) and the slot-migration prelude
+// (migration.lua, through `migration!`). A rule changed in its file is
+// changed for every script that follows it.
+
+/// The slot-migration prelude (migration.lua) of a script whose flags are
+/// its `ARGV[$at]` ('c' on a Cluster, 'cm' after the caller looked for
+/// what its {4} answer asked about): the prelude's first line names them.
+macro_rules! migration {
+    ($at:literal) => {
+        concat!(
+            "local flags = ARGV[",
+            $at,
+            "]\n",
+            include_str!("scripts/migration.lua")
+        )
+    };
+}
+
+/// The lock's grant (acquire.lua).
 pub(super) const ACQUIRE_SRC: &str = concat!(
     include_str!("scripts/token.lua"),
     include_str!("scripts/owner.lua"),
+    migration!(6),
     include_str!("scripts/acquire.lua")
 );
 pub(super) const EXTEND_SRC: &str = concat!(
@@ -45,10 +64,15 @@ pub(super) const TRANSFER_SRC: &str = concat!(
     include_str!("scripts/owner.lua"),
     include_str!("scripts/transfer.lua")
 );
-const ACQUIRE_PERMIT_SRC: &str = include_str!("scripts/acquire_permit.lua");
+const ACQUIRE_PERMIT_SRC: &str = concat!(
+    include_str!("scripts/token.lua"),
+    migration!(7),
+    include_str!("scripts/acquire_permit.lua")
+);
 pub(super) const EXTEND_PERMIT_SRC: &str = include_str!("scripts/extend_permit.lua");
 const RELEASE_PERMIT_SRC: &str = include_str!("scripts/release_permit.lua");
 const RAISE_FENCE_SRC: &str = concat!(
+    include_str!("scripts/token.lua"),
     include_str!("scripts/owner.lua"),
     include_str!("scripts/raise_fence.lua")
 );
@@ -69,7 +93,10 @@ pub(super) const EXTEND_BATCH_SRC: &str = concat!(
     include_str!("scripts/extend_batch.lua")
 );
 const INSPECT_SRC: &str = include_str!("scripts/inspect.lua");
-const FORCE_RELEASE_SRC: &str = include_str!("scripts/force_release.lua");
+const FORCE_RELEASE_SRC: &str = concat!(
+    include_str!("scripts/token.lua"),
+    include_str!("scripts/force_release.lua")
+);
 
 /// The multi-key grant: the token rule and the owner check of the single
 /// grant (token.lua, owner.lua) and acquire_all.lua.
@@ -83,8 +110,31 @@ pub(super) const RELEASE_ALL_SRC: &str = concat!(
     include_str!("scripts/release_all.lua")
 );
 /// The reader-writer lock's grant (either side) and the writer's release.
-const ACQUIRE_RW_SRC: &str = include_str!("scripts/acquire_rw.lua");
-const RELEASE_WRITER_SRC: &str = include_str!("scripts/release_writer.lua");
+const ACQUIRE_RW_SRC: &str = concat!(
+    include_str!("scripts/token.lua"),
+    include_str!("scripts/owner.lua"),
+    include_str!("scripts/acquire_rw.lua")
+);
+const RELEASE_WRITER_SRC: &str = concat!(
+    include_str!("scripts/owner.lua"),
+    include_str!("scripts/release_writer.lua")
+);
+
+/// A lease's read-back where it was granted (`replicas.rs`, a Cluster's
+/// grant that waits for replicas), by its kind: a script of no declared
+/// key (so that a node runs it without a redirect) answering 1 where
+/// `ARGV[2]` holds the lease in the name `ARGV[1]` on the node it runs
+/// on, else 0. A lock and a writer are owner-checked as every script
+/// checks them (owner.lua). Run with `EVAL` (rare: not preloaded).
+#[cfg(feature = "cluster")]
+pub(super) const HELD_HERE_LOCK_SRC: &str = concat!(
+    include_str!("scripts/owner.lua"),
+    "return owned_by(redis.call('GET', ARGV[1]), ARGV[2]) and 1 or 0"
+);
+/// The same for a member of a sorted set (a permit, a reader).
+#[cfg(feature = "cluster")]
+pub(super) const HELD_HERE_MEMBER_SRC: &str =
+    "return redis.call('ZSCORE', ARGV[1], ARGV[2]) and 1 or 0";
 
 /// Defines each script the store runs as a `static` built from its source
 /// on first use, and [`ALL`], every one of them with its source: a script
@@ -117,6 +167,18 @@ scripts! {
     RELEASE_ALL = RELEASE_ALL_SRC;
     ACQUIRE_RW = ACQUIRE_RW_SRC;
     RELEASE_WRITER = RELEASE_WRITER_SRC;
+}
+
+impl super::RedisStore {
+    /// The sources of the lock's grant and release scripts as the store
+    /// loads them (each behind the shared pieces it uses): for a test that
+    /// leaves a server these scripts alone. A test hook, not part of the
+    /// stable API.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub fn lock_script_sources() -> [&'static str; 2] {
+        [ACQUIRE_SRC, RELEASE_SRC]
+    }
 }
 
 /// The source of one of the scripts above (for loading it where a call
@@ -160,7 +222,7 @@ pub(super) enum Argv<'a> {
     Str(&'a str),
     Bytes(&'a [u8]),
     Int(u64),
-    /// A name the script reaches without declaring it (see acquire.lua,
+    /// A name the script reaches without declaring it (see migration.lua,
     /// "Slot migration").
     Name(Name<'a>),
 }

@@ -15,8 +15,8 @@
 -- fencing), ARGV[4] fence retention ms ('' without fencing), and, each
 -- optional (the caller leaves out trailing ones it does not need):
 -- ARGV[5] the holder's label (with fencing; '' or absent for none),
--- ARGV[6] flags: 'c' on a Cluster, 'm' when the caller found no record
--- on the node a slot migrates from (after a {4} answer), ARGV[7] the
+-- ARGV[6] flags: 'c' on a Cluster, 'cm' when the caller found no record
+-- on either node of a migrating slot (after a {4} answer), ARGV[7] the
 -- completed record's name
 -- The waited-for mark's name is the lock's with `waited` for `lock`
 -- (`…:<id>:lock` → `…:<id>:waited`), made only where it is set.
@@ -58,52 +58,22 @@
 -- and compared as a string of digits: no number conversion or
 -- floating-point formatting on the usual path.
 --
--- Slot migration (Cluster). While a slot moves, a node serves a command
--- only if it has every key the command declares, or (the node importing
--- the slot, after ASK) if it declares one key. So the lock is the only key
--- declared: the node that has the lock runs the grant, and a free lock is
--- granted where the slot goes. The other names are reached undeclared:
--- on the node the slot leaves, a name that moved already is an error
--- (caught: `pcall`); on the node it goes to, a name not there yet may still
--- be on the other node, so it is never created there (MIGRATE would find
--- the name taken): the token then rests on TIME alone, as after a
--- counter's retention lapses, and the waiter polls. Whether this node
--- imports the lock's slot is asked only then. So on a Cluster the counter
--- is read with a plain `GET` before the grant, and written after it, only
--- where the grant happened (four calls).
-local flags = ARGV[6]
-local cluster = flags and string.find(flags, 'c', 1, true) ~= nil
--- The Cluster's helpers, made only there (each function a script
--- defines costs Redis a closure on every call: see BENCHMARKS.md).
-local is_importing, writable
-if cluster then
-  local importing
-  is_importing = function()
-    if importing == nil then
-      local slot = redis.call('CLUSTER', 'KEYSLOT', KEYS[1])
-      local nodes = redis.call('CLUSTER', 'NODES')
-      importing = string.find(nodes, '[' .. slot .. '-<-', 1, true) ~= nil
-    end
-    return importing
-  end
-  -- Whether a name may be written here, given what reading it answered
-  -- (`pcall`: an error table where it moved away, false or nil where
-  -- absent): it is here, or cannot be on another node. (Off a Cluster
-  -- every name may be.)
-  writable = function(got)
-    if type(got) == 'table' then return false end
-    return got or not is_importing()
-  end
-end
+-- Slot migration (Cluster; migration.lua, prepended, has the rule): the
+-- lock is the one key declared, so the node that has the lock runs the
+-- grant, and a free lock is granted where the slot goes. The counter and
+-- the waited-for mark are reached undeclared: where one may be on the
+-- other node, the token rests on TIME alone, as after a counter's
+-- retention lapses, and the waiter polls. So on a Cluster the counter is
+-- read with a plain `GET` before the grant, and written after it, only
+-- where the grant happened (four calls). ARGV[6]'s 'm' ('cm') is about the
+-- record alone: it was found on neither node.
 local fenced = (ARGV[3] or '') ~= ''
 local record = ARGV[7]
 if record and record ~= '' then
   local rec = redis.pcall('GET', record)
   if type(rec) == 'table' then return {4, ''} end
   if rec then return {2, rec} end
-  if cluster and not string.find(flags, 'm', 1, true) and not writable(rec) then
-    return {4, ''}
-  end
+  if cluster and not checked and not writable(rec) then return {4, ''} end
 end
 -- now_ms: the script's TIME in ms (fenced: it was read for the token),
 -- for the lease left where the lock is found held (at the end).
@@ -118,7 +88,7 @@ if not fenced then
   end
 else
   -- token = max(last + 1, TIME in us) (token.lua)
-  local s = now_us()
+  local s = us_of(redis.call('TIME'))
   local last
   if not cluster then
     last = redis.call('SET', ARGV[3], s, 'PX', ARGV[4], 'GET')
@@ -190,8 +160,7 @@ else
 end
 -- Held by another owner: the lease it has left (from `PEXPIRETIME` and
 -- `now_ms`, the script's TIME, where read, else `PTTL`), and the
--- waited-for mark set. (Inline, not a function: see the Cluster's
--- helpers above.)
+-- waited-for mark set. (Inline, not a function: see migration.lua.)
 local waited = string.sub(KEYS[1], 1, -5) .. 'waited'
 local at, pttl
 if now_ms then

@@ -23,7 +23,7 @@
 local cluster = ARGV[3] == '1'
 if cluster then
   -- Names of the slot may be on either node while it migrates (see
-  -- acquire.lua, "Slot migration"): leave that to the one-by-one path.
+  -- migration.lua, "Slot migration"): leave that to the one-by-one path.
   local slot = redis.call('CLUSTER', 'KEYSLOT', KEYS[1])
   local nodes = redis.call('CLUSTER', 'NODES')
   if string.find(nodes, '[' .. slot .. '-', 1, true) then return {4} end
@@ -66,7 +66,7 @@ end
 if held then return {0, held, longest} end
 local out = {1}
 local s
-if fenced then s = now_us() end
+if fenced then s = us_of(redis.call('TIME')) end
 for i = 1, #KEYS do
   local at = 5 + 2 * (i - 1)
   if fenced then

@@ -7,31 +7,17 @@
 -- one the lock's grant uses (see acquire.lua), so that tokens of permits
 -- and of the lock of one key rise together.
 --
--- KEYS[1] permits: the one key declared (see acquire.lua, "Slot migration")
+-- KEYS[1] permits: the one key declared (see migration.lua)
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] permits (the caller's N),
 -- ARGV[4] waited-for mark, ARGV[5] bucket fence counter ('' without
--- fencing), ARGV[6] fence retention ms ('' without fencing), ARGV[7] '1' on
--- a Cluster
+-- fencing), ARGV[6] fence retention ms ('' without fencing), ARGV[7] 'c' on
+-- a Cluster (migration.lua)
 -- -> {1, token} granted, {3, token} ours already (its lease reset, a fresh
 --    token), {0, ms until the soonest permit ends} none free; without
 --    fencing the token is 0
 --
 -- Finding none free marks the key as waited-for until the soonest permit's
 -- end, so that the next permit release publishes (release_permit.lua).
-local cluster = ARGV[7] == '1'
-local importing
-local function is_importing()
-  if importing == nil then
-    local slot = redis.call('CLUSTER', 'KEYSLOT', KEYS[1])
-    local nodes = redis.call('CLUSTER', 'NODES')
-    importing = string.find(nodes, '[' .. slot .. '-<-', 1, true) ~= nil
-  end
-  return importing
-end
-local function writable(got)
-  if type(got) == 'table' then return false end
-  return got or not (cluster and is_importing())
-end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ends = string.format('%.0f', now + tonumber(ARGV[2]))
@@ -57,21 +43,21 @@ if redis.call('PEXPIRETIME', KEYS[1]) < tonumber(ends) then
   redis.call('PEXPIREAT', KEYS[1], ends)
 end
 if ARGV[5] == '' then return {kind, 0} end
--- token = max(last + 1, TIME in us), as in acquire.lua
-local us = t[2]
-local s = t[1] .. string.rep('0', 6 - #us) .. us
-local last
+-- The token: max(last + 1, TIME in us) (token.lua). On a Cluster the
+-- counter may be on the other node of a migrating slot: the token then
+-- rests on TIME alone, as in acquire.lua.
+local s = us_of(t)
+local last, token
 if not cluster then
+  -- Read and set to TIME in one call; set again only where the token is
+  -- not TIME (the counter was at or past it).
   last = redis.call('SET', ARGV[5], s, 'PX', ARGV[6], 'GET')
+  token = next_token(last, s)
+  if token ~= s then redis.call('SET', ARGV[5], token, 'PX', ARGV[6]) end
 else
   last = redis.pcall('GET', ARGV[5])
-  if not writable(last) then
-    return {kind, s}
-  end
-  redis.call('SET', ARGV[5], s, 'PX', ARGV[6])
+  if not writable(last) then return {kind, s} end
+  token = next_token(last, s)
+  redis.call('SET', ARGV[5], token, 'PX', ARGV[6])
 end
-if last and (#last > #s or (#last == #s and last >= s)) then
-  s = string.format('%.0f', tonumber(last) + 1)
-  redis.call('SET', ARGV[5], s, 'PX', ARGV[6])
-end
-return {kind, s}
+return {kind, token}

@@ -24,7 +24,7 @@
 --    token is 0
 --
 -- A write grant mints a token from the key's bucket counter, as the lock
--- and a permit do (acquire.lua). A read grant mints none: it answers the
+-- and a permit do (token.lua). A read grant mints none: it answers the
 -- counter as it stands (raised to TIME where behind it, never advanced
 -- past it), at least the token of every earlier write and below every
 -- later write's. Finding it busy marks the key as waited-for until then,
@@ -62,7 +62,7 @@ if ARGV[3] == 'r' then
   redis.call('ZADD', KEYS[1], ends, ARGV[1])
   keep_until(KEYS[1], ends)
 else
-  if writer == ARGV[1] then
+  if owned_by(writer, ARGV[1]) then
     kind = 3
   elseif writer or redis.call('EXISTS', KEYS[1]) == 1 then
     if ARGV[4] ~= '' then
@@ -76,17 +76,17 @@ else
   if ARGV[4] ~= '' then redis.call('ZREM', KEYS[3], ARGV[4]) end
 end
 if ARGV[6] == '' then return {kind, 0} end
-local us = t[2]
-local s = t[1] .. string.rep('0', 6 - #us) .. us
+local s = us_of(t)
 local last = redis.call('GET', ARGV[6])
-local function above(a, b) return #a > #b or (#a == #b and a > b) end
+local token
 if ARGV[3] == 'r' then
   -- The epoch: the counter, or TIME where the counter is behind it (then
   -- raised to it, so that the next write is above this reader's token).
   if last and not above(s, last) then return {kind, last} end
-elseif last and not above(s, last) then
-  -- token = max(last + 1, TIME in us), as in acquire.lua
-  s = string.format('%.0f', tonumber(last) + 1)
+  token = s
+else
+  -- token = max(last + 1, TIME in us) (token.lua)
+  token = next_token(last, s)
 end
-redis.call('SET', ARGV[6], s, 'PX', ARGV[7])
-return {kind, s}
+redis.call('SET', ARGV[6], token, 'PX', ARGV[7])
+return {kind, token}

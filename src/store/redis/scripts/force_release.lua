@@ -5,10 +5,10 @@
 -- ARGV[5] fence retention ms
 -- -> {released 0/1, fence}: an operator's release, whoever holds the lock.
 -- With fencing, the bucket's counter is raised to a fresh token (as a
--- grant mints one: max(last + 1, TIME in us)), above every token issued
--- for the lock so far; it is answered so that the caller can present it
--- to a fenced resource and shut the old holder out at once. Waiters are
--- woken as by a release.
+-- grant mints one, token.lua: max(last + 1, TIME in us)), above every
+-- token issued for the lock so far; it is answered so that the caller can
+-- present it to a fenced resource and shut the old holder out at once.
+-- Waiters are woken as by a release.
 local released = 0
 local v = redis.call('GET', KEYS[1])
 if v then
@@ -26,14 +26,11 @@ if v then
   released = 1
 end
 if ARGV[4] == '' then return {released, ''} end
-local t = redis.call('TIME')
-local us = t[2]
-local s = t[1] .. string.rep('0', 6 - #us) .. us
+local s = us_of(redis.call('TIME'))
 local last = redis.pcall('GET', ARGV[4])
 if type(last) ~= 'string' then last = nil end
-if last and (#last > #s or (#last == #s and last >= s)) then
-  s = string.format('%.0f', tonumber(last) + 1)
-end
+-- max(last + 1, TIME in us), as a grant mints it (token.lua)
+s = next_token(last, s)
 local set = redis.pcall('SET', ARGV[4], s, 'PX', ARGV[5])
 if type(set) == 'table' and set.err then return set end
 return {released, s}

@@ -6,8 +6,8 @@
 -- majority, so a majority of the nodes then show the token the grant
 -- answered, whatever a node that granted late minted (inspect's majority
 -- view takes the quorum-th largest token when every node holds the lock).
-local cur = tonumber(redis.call('GET', KEYS[1]))
-if not cur or cur < tonumber(ARGV[1]) then
+-- (Compared as strings of digits, token.lua's `above`.)
+if above(ARGV[1], redis.call('GET', KEYS[1])) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
 if KEYS[2] then
