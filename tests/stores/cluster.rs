@@ -1362,6 +1362,269 @@ async fn a_duplicate_whose_record_has_not_moved_yet_gets_it() {
     assert!(keys_in_slot(&cluster, 1, slot).is_empty());
 }
 
+/// A key of namespace `cl` named from `prefix` whose fencing bucket's
+/// counter is `fence`: a key of the same slot.
+fn same_bucket(fence: &str, prefix: &str) -> LockKey {
+    (0..)
+        .map(|n| format!("{prefix}{n}"))
+        .find(|id| redis_name("cl", id, "fence") == fence)
+        .map(|id| LockKey::new("cl", id).unwrap())
+        .unwrap()
+}
+
+/// Whether `got` is a refusal because the key is held (`what` says which).
+fn refused(got: Result<tower_redis_lock::LockGuard, Error>, what: &str) {
+    match got {
+        Err(e) if e.is_contended() => {}
+        Err(e) => panic!("{what}: an error, not a refusal: {e:?}"),
+        Ok(_) => panic!("{what}: granted"),
+    }
+}
+
+/// What the rest of a slot's move does (`MIGRATE`s of every name node 0
+/// still has, each finding it free on node 1, then `SETSLOT … NODE`).
+fn end_move(cluster: &Cluster, slot: u16) {
+    let left = keys_in_slot(cluster, 0, slot);
+    if !left.is_empty() {
+        migrate(cluster, 0, 1, &left);
+    }
+    let ids = cluster.node_ids();
+    for node in [1, 0, 2] {
+        setslot(cluster, node, slot, &["NODE", &ids[1]]);
+    }
+}
+
+/// A key's reader-writer lock while its slot migrates (`SETSLOT …
+/// MIGRATING/IMPORTING`, its names moved by `MIGRATE` one at a time, then
+/// `SETSLOT … NODE`), as a lock is above: a key nobody used is read and
+/// written where the slot goes; one read or written before the move keeps
+/// its holders apart wherever each of its names is (a write refused beside
+/// a reader, a read beside a writer), and is written or read again once
+/// they are gone; no grant writes a name on the importing node that is
+/// still on the other one (every `MIGRATE` succeeds). The grant used to
+/// declare its three names (readers, writer, writers waiting): the node
+/// the slot leaves answered `TRYAGAIN`, or `ASK` and the importing node
+/// `TRYAGAIN`, and no read or write of the slot was granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_and_writes_are_granted_and_kept_apart_while_their_slot_migrates() {
+    let cluster = Cluster::start(3);
+    let command_timeout = Duration::from_secs(2);
+    let lease = Duration::from_secs(30);
+    let a = timed_locker(&cluster, command_timeout, lease);
+    let b = timed_locker(&cluster, command_timeout, lease);
+    let fresh = key_on(&cluster, 0, None, "rw-fresh-");
+    let fence = redis_name("cl", fresh.id(), "fence");
+    let (read, written) = (
+        same_bucket(&fence, "rw-read-"),
+        same_bucket(&fence, "rw-written-"),
+    );
+    let slot = cluster.slot_of(&fence);
+    let name = |k: &LockKey, suffix: &str| redis_name("cl", k.id(), suffix);
+    let on = |node: usize, n: String| cluster.nodes[node].keys().contains(&n);
+    // Held before the move (their names on node 0): a reader of one key,
+    // the writer of another.
+    let reader = a.rwlock(&read).unwrap().try_read().await.unwrap();
+    let writer = a.rwlock(&written).unwrap().try_write().await.unwrap();
+
+    begin_move(&cluster, slot);
+    // A key nobody used: read by two, then written, where the slot goes.
+    let rw = b.rwlock(&fresh).unwrap();
+    let r1 = rw
+        .try_read()
+        .await
+        .unwrap_or_else(|e| panic!("no read in the migrating slot: {e:?}"));
+    let r2 = a.rwlock(&fresh).unwrap().try_read().await.unwrap();
+    assert!(on(1, name(&fresh, "rw-readers")));
+    refused(rw.try_write().await, "a write beside two readers");
+    assert!(r1.release().await.unwrap());
+    assert!(r2.release().await.unwrap());
+    let w = rw
+        .try_write()
+        .await
+        .unwrap_or_else(|e| panic!("no write in the migrating slot: {e:?}"));
+    assert!(on(1, name(&fresh, "rw-writer")));
+    refused(
+        a.rwlock(&fresh).unwrap().try_read().await,
+        "a read beside a writer",
+    );
+    refused(
+        a.rwlock(&fresh).unwrap().try_write().await,
+        "a second writer",
+    );
+    assert!(w.release().await.unwrap());
+
+    // Read before the move, its readers on node 0: read again there, not
+    // written; written before the move, its writer on node 0: neither.
+    let (read_b, written_b) = (b.rwlock(&read).unwrap(), b.rwlock(&written).unwrap());
+    let r3 = read_b.try_read().await.unwrap();
+    refused(read_b.try_write().await, "a write beside readers on node 0");
+    refused(
+        written_b.try_read().await,
+        "a read beside a writer on node 0",
+    );
+    refused(
+        written_b.try_write().await,
+        "a write beside a writer on node 0",
+    );
+    // The readers move first: read again on node 1, still not written.
+    migrate(&cluster, 0, 1, &[name(&read, "rw-readers")]);
+    let r4 = read_b.try_read().await.unwrap();
+    refused(read_b.try_write().await, "a write beside readers on node 1");
+    for g in [reader, r3, r4] {
+        assert!(g.release().await.unwrap());
+    }
+    let w = read_b
+        .try_write()
+        .await
+        .unwrap_or_else(|e| panic!("no write once the readers left: {e:?}"));
+    assert!(on(1, name(&read, "rw-writer")));
+    refused(
+        a.rwlock(&read).unwrap().try_read().await,
+        "a read beside a writer on node 1",
+    );
+    assert!(w.release().await.unwrap());
+    // The writer on node 0 released: read where the slot goes.
+    assert!(writer.release().await.unwrap());
+    let r5 = written_b
+        .try_read()
+        .await
+        .unwrap_or_else(|e| panic!("no read once the writer left: {e:?}"));
+    refused(written_b.try_write().await, "a write beside a reader");
+
+    end_move(&cluster, slot);
+    refused(
+        written_b.try_write().await,
+        "a write beside a reader, after the move",
+    );
+    assert!(r5.release().await.unwrap());
+    let w = written_b.try_write().await.unwrap();
+    assert!(w.release().await.unwrap());
+}
+
+/// A key's semaphore while its slot migrates: a key nobody used grants its
+/// permits where the slot goes, one held before the move grants its others
+/// on the node that has its permits, before and after they move; never
+/// more than its count, and every `MIGRATE` succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_are_granted_and_counted_while_their_slot_migrates() {
+    let (cluster, l, fresh, slot) = migration_case("sem-fresh-");
+    let other = timed_locker(
+        &cluster,
+        Duration::from_millis(500),
+        Duration::from_secs(30),
+    );
+    let held = same_bucket(&redis_name("cl", fresh.id(), "fence"), "sem-held-");
+    let permits = |k: &LockKey| redis_name("cl", k.id(), "permits");
+    let first = l.semaphore(&held, 2).unwrap().try_acquire().await.unwrap();
+
+    begin_move(&cluster, slot);
+    let sem = other.semaphore(&fresh, 2).unwrap();
+    let p1 = sem
+        .try_acquire()
+        .await
+        .unwrap_or_else(|e| panic!("no permit in the migrating slot: {e:?}"));
+    let p2 = sem.try_acquire().await.unwrap();
+    refused(sem.try_acquire().await, "a third permit of two");
+    assert!(cluster.nodes[1].keys().contains(&permits(&fresh)));
+    let sem = other.semaphore(&held, 2).unwrap();
+    let second = sem.try_acquire().await.unwrap();
+    refused(sem.try_acquire().await, "a third permit of two, on node 0");
+    migrate(&cluster, 0, 1, &[permits(&held)]);
+    refused(sem.try_acquire().await, "a third permit of two, on node 1");
+    assert!(first.release().await.unwrap());
+    let third = sem.try_acquire().await.unwrap();
+    refused(
+        sem.try_acquire().await,
+        "a third permit of two, after a release",
+    );
+
+    end_move(&cluster, slot);
+    for g in [p1, p2, second, third] {
+        assert!(g.release().await.unwrap());
+    }
+}
+
+/// Multi-key locks of one slot while it migrates: granted together where
+/// the slot's names are on both nodes (the grant declares one lock, and
+/// leaves a migrating slot to the one-by-one path), and released together
+/// while their locks are on both nodes (each lock the script does not find
+/// where it runs is released alone). The scripts used to declare every
+/// lock: the node the slot leaves answered `TRYAGAIN`, or `ASK` and the
+/// importing node `TRYAGAIN`, and neither call was served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_key_locks_are_granted_and_released_while_their_slot_migrates() {
+    let (cluster, l, k1, slot) = migration_case("all-fresh-");
+    let fence = redis_name("cl", k1.id(), "fence");
+    let k2 = same_bucket(&fence, "all-fresh-b-");
+    let (k3, k4) = (
+        same_bucket(&fence, "all-held-"),
+        same_bucket(&fence, "all-held-b-"),
+    );
+    let lock = |k: &LockKey| redis_name("cl", k.id(), "lock");
+    let before = l.try_acquire_all(&[k3.clone(), k4.clone()]).await.unwrap();
+
+    begin_move(&cluster, slot);
+    let during = l
+        .try_acquire_all(&[k1.clone(), k2.clone()])
+        .await
+        .unwrap_or_else(|e| panic!("no multi-key grant in the migrating slot: {e:?}"));
+    assert!(cluster.nodes[1].keys().contains(&lock(&k1)));
+    let err = l
+        .try_acquire_all(&[k2.clone(), k3.clone()])
+        .await
+        .unwrap_err();
+    assert!(err.is_contended(), "{err:?}");
+    // One lock of the first grant moves: its locks are on both nodes.
+    migrate(&cluster, 0, 1, &[lock(&k3)]);
+    assert!(before.release().await.unwrap());
+    assert!(during.release().await.unwrap());
+    for k in [&k1, &k2, &k3, &k4] {
+        for node in 0..3 {
+            assert!(!cluster.nodes[node].keys().contains(&lock(k)), "{k} left");
+        }
+    }
+    let again = l
+        .try_acquire_all(&[k3.clone(), k4.clone()])
+        .await
+        .unwrap_or_else(|e| panic!("no multi-key grant after a release: {e:?}"));
+    end_move(&cluster, slot);
+    assert!(again.release().await.unwrap());
+}
+
+/// An operator's forced release while the lock's slot migrates: of a lock
+/// on the node the slot leaves whose bucket's counter moved already, and
+/// of a lock granted where the slot goes while the counter is still on
+/// the other node. Each is released and answers a fence above the lock's
+/// token, and the counter is never written beside itself: the move's
+/// `MIGRATE`s succeed. (The first answered an error, the lock deleted;
+/// the second wrote the counter where the slot goes, and the `MIGRATE`
+/// of the counter failed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_while_its_slot_migrates_answers_a_fence() {
+    let (cluster, l, leaving, slot) = migration_case("force-leaving-");
+    let fence = redis_name("cl", leaving.id(), "fence");
+    let arriving = same_bucket(&fence, "force-arriving-");
+    let lock = |k: &LockKey| redis_name("cl", k.id(), "lock");
+    let on_0 = l.try_acquire(&leaving).await.unwrap();
+
+    begin_move(&cluster, slot);
+    let on_1 = l.try_acquire(&arriving).await.unwrap();
+    assert!(cluster.nodes[1].keys().contains(&lock(&arriving)));
+    let forced = l.force_release(&arriving, "test").await.unwrap();
+    assert!(forced.released, "{forced:?}");
+    assert!(forced.fence.unwrap() > on_1.fencing_token().unwrap());
+    assert!(
+        !cluster.nodes[1].keys().contains(&fence),
+        "the counter written where the slot goes"
+    );
+    migrate(&cluster, 0, 1, std::slice::from_ref(&fence));
+    let forced = l.force_release(&leaving, "test").await.unwrap();
+    assert!(forced.released, "{forced:?}");
+    assert!(forced.fence.unwrap() > on_0.fencing_token().unwrap());
+    assert!(!cluster.nodes[0].keys().contains(&lock(&leaving)));
+    end_move(&cluster, slot);
+}
+
 /// A store on `cluster` that waits, after each grant, for one replica of
 /// the lock's primary within `wait`.
 fn waiting_store(cluster: &Cluster, wait: Duration, on: ReplicaShortfall) -> RedisStore {

@@ -77,7 +77,7 @@ pub fn boxed<S: OperatorStore, K>(fixture: (S, K)) -> (BoxStore, K) {
 
 /// The Redis name a [`RedisStore`] with the default prefix gives lock
 /// `ns:id`'s `suffix` (`lock`, `fence`, `record`, `released`, `waited`, `holder`,
-/// `permits` or `permits-waited`), from the
+/// `permits`, `permits-waited`, `rw-readers`, `rw-writer` or `rw-waiting`), from the
 /// store's own accessors; `tests/redis_engine.rs` pins the layout itself.
 pub fn redis_name(ns: &str, id: &str, suffix: &str) -> String {
     // `from_url` does no I/O: the store is only asked for names.
@@ -91,6 +91,9 @@ pub fn redis_name(ns: &str, id: &str, suffix: &str) -> String {
         "waited" => store.waited_key(&key),
         "permits" => store.permits_key(&key),
         "permits-waited" => store.permits_waited_key(&key),
+        "rw-readers" => store.rw_keys(&key)[0].clone(),
+        "rw-writer" => store.rw_keys(&key)[1].clone(),
+        "rw-waiting" => store.rw_keys(&key)[2].clone(),
         // The holder record sits next to the lock (README, "Key layout").
         "holder" => format!(
             "{}holder",

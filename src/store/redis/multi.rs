@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::keys::{FENCE, HOLDER, LOCK, Name, WAITED};
+use super::keys::{FENCE, HOLDER, LOCK, WAITED};
 use super::scripts::{ACQUIRE_ALL, Argv, RELEASE_ALL, ScriptCall};
 use super::{RedisStore, ms};
 use crate::error::{Error, Operation};
@@ -66,13 +66,16 @@ impl RedisStore {
         lease: Duration,
     ) -> Result<Option<AcquireAllOutcome>, Error> {
         let fencing = self.inner.fencing;
-        let locks: Vec<Name<'_>> = keys.iter().map(|k| self.name(k, LOCK)).collect();
-        let mut args = Vec::with_capacity(5 + 2 * keys.len());
+        // The first lock declared, every lock named in `ARGV` (see
+        // acquire_all.lua): a Cluster serves a call of one declared key
+        // while its slot migrates.
+        let mut args = Vec::with_capacity(5 + 3 * keys.len());
         args.extend([
             Argv::Str(owner.as_str()),
             Argv::Int(ms(lease)),
+            // The flags of migration.lua.
             Argv::Str(if self.inner.source.is_cluster() {
-                "1"
+                "c"
             } else {
                 ""
             }),
@@ -84,6 +87,7 @@ impl RedisStore {
             Argv::Str(""),
         ]);
         for k in keys {
+            args.push(Argv::Name(self.name(k, LOCK)));
             args.push(Argv::Name(self.name(k, WAITED)));
             args.push(if fencing {
                 Argv::Name(self.name(k, FENCE))
@@ -91,7 +95,8 @@ impl RedisStore {
                 Argv::Str("")
             });
         }
-        let call = ScriptCall::new(&ACQUIRE_ALL, &locks, &args);
+        let first = keys.first().map(|k| self.name(k, LOCK));
+        let call = ScriptCall::new(&ACQUIRE_ALL, first.as_slice(), &args);
         let answer: Vec<redis::Value> = self
             .with_conn(Operation::Acquire, keys.first(), |mut c| async move {
                 call.invoke(&mut c).await
@@ -149,10 +154,20 @@ impl RedisStore {
         if self.inner.source.is_cluster() && !self.same_slot(keys) {
             return release_each(self, keys, owner).await;
         }
-        let locks: Vec<Name<'_>> = keys.iter().map(|k| self.name(k, LOCK)).collect();
-        let mut args = Vec::with_capacity(2 + 2 * keys.len());
-        args.extend([Argv::Str(owner.as_str()), Argv::Str(self.publish_command())]);
+        // The first lock declared, every lock named in `ARGV` (see
+        // release_all.lua).
+        let mut args = Vec::with_capacity(2 + 3 * keys.len());
+        args.extend([
+            Argv::Str(owner.as_str()),
+            // The flags of migration.lua.
+            Argv::Str(if self.inner.source.is_cluster() {
+                "c"
+            } else {
+                ""
+            }),
+        ]);
         for k in keys {
+            args.push(Argv::Name(self.name(k, LOCK)));
             args.push(Argv::Name(self.name(k, WAITED)));
             args.push(if self.names_holder_record() {
                 Argv::Name(self.name(k, HOLDER))
@@ -160,7 +175,8 @@ impl RedisStore {
                 Argv::Str("")
             });
         }
-        let call = ScriptCall::new(&RELEASE_ALL, &locks, &args);
+        let first = keys.first().map(|k| self.name(k, LOCK));
+        let call = ScriptCall::new(&RELEASE_ALL, first.as_slice(), &args);
         let answer: Vec<i64> = self
             .with_conn(Operation::Release, keys.first(), |mut c| async move {
                 call.invoke(&mut c).await
@@ -173,6 +189,23 @@ impl RedisStore {
                 source: "unexpected reply from the release_all script".into(),
             });
         }
-        Ok(answer.into_iter().map(|n| n == 1).collect())
+        // A lock the script did not find where it ran (the other node of a
+        // migrating slot, or maybe): released alone, where the Cluster
+        // routes it. The first error is answered, after every key.
+        let mut owned = Vec::with_capacity(keys.len());
+        let mut first_error = None;
+        for (k, n) in keys.iter().zip(answer) {
+            owned.push(match n {
+                -1 => match self.release_lock(k, owner).await {
+                    Ok(ours) => ours,
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                        false
+                    }
+                },
+                n => n == 1,
+            });
+        }
+        first_error.map_or(Ok(owned), Err)
     }
 }

@@ -82,7 +82,12 @@ impl RedisStore {
         let mut args = [
             Argv::Str(""),
             Argv::Name(self.name(key, WAITED)),
-            Argv::Str(self.publish_command()),
+            // The flags of migration.lua.
+            Argv::Str(if self.inner.source.is_cluster() {
+                "c"
+            } else {
+                ""
+            }),
             Argv::Str(""),
             Argv::Int(self.inner.fence_retention_ms),
         ];

@@ -95,6 +95,7 @@ pub(super) const EXTEND_BATCH_SRC: &str = concat!(
 const INSPECT_SRC: &str = include_str!("scripts/inspect.lua");
 const FORCE_RELEASE_SRC: &str = concat!(
     include_str!("scripts/token.lua"),
+    migration!(3),
     include_str!("scripts/force_release.lua")
 );
 
@@ -103,16 +104,19 @@ const FORCE_RELEASE_SRC: &str = concat!(
 pub(super) const ACQUIRE_ALL_SRC: &str = concat!(
     include_str!("scripts/token.lua"),
     include_str!("scripts/owner.lua"),
+    migration!(3),
     include_str!("scripts/acquire_all.lua")
 );
 pub(super) const RELEASE_ALL_SRC: &str = concat!(
     include_str!("scripts/owner.lua"),
+    migration!(2),
     include_str!("scripts/release_all.lua")
 );
 /// The reader-writer lock's grant (either side) and the writer's release.
 const ACQUIRE_RW_SRC: &str = concat!(
     include_str!("scripts/token.lua"),
     include_str!("scripts/owner.lua"),
+    migration!(4),
     include_str!("scripts/acquire_rw.lua")
 );
 const RELEASE_WRITER_SRC: &str = concat!(
