@@ -11,7 +11,8 @@ of renewals in each of these forms, as one pipeline:
 
 each without fencing (the lock's value its owner alone) and with it (the
 value `<owner> <granted us> <label>`, as a fenced grant of this version
-writes it; the script is sent the holder flag, as renew.rs sends it). The count of each form is zeroed before it
+writes it; the script is sent the same arguments either way, as renew.rs
+sends them). The count of each form is zeroed before it
 (`callgrind_control -z`) and read after it (`-d`); the median of ROUNDS runs,
 divided by BATCH, is printed: instructions the server ran per renewal,
 parsing and replying included. `hz` is set to 1 so that the server's cron
@@ -134,11 +135,10 @@ def main():
         ifeq = make == "valkey" and tuple(map(int, version.split(".")[:2])) >= (8, 1)
 
         def forms(fenced):
-            # With fencing, extend.lua's holder flag (renew.rs).
-            per_key = [resp("EVALSHA", extend_sha, 1, k, owner, 30000, *(["h"] if fenced else []))
-                       for k in locks]
+            # A renewal is its key, owner and lease, fenced or not (renew.rs).
+            per_key = [resp("EVALSHA", extend_sha, 1, k, owner, 30000) for k in locks]
             # The watchdog's batch: every lease the same, sent once.
-            args = ["l" * len(locks), "h" if fenced else "", 30000] + [owner] * len(locks)
+            args = ["l" * len(locks), 30000] + [owner] * len(locks)
             batch = [resp("EVALSHA", batch_sha, len(locks), *locks, *args)]
             yield "per-key", per_key
             yield "batch", batch

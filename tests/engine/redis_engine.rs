@@ -65,10 +65,6 @@ async fn keys_share_one_hash_tag_and_carry_the_value_we_expect() {
         vec!["trl:{orders:2b1}:fence", "trl:{orders:2b1}:ord_1:lock"]
     );
     assert_eq!(
-        redis_name("orders", "ord_1", "holder"),
-        "trl:{orders:2b1}:ord_1:holder"
-    );
-    assert_eq!(
         redis_name("orders", "ord_1", "lock"),
         "trl:{orders:2b1}:ord_1:lock"
     );

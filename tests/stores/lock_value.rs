@@ -1,20 +1,19 @@
 //! The lock's value with fencing on Redis: the owner token, a space and the
 //! holder record (`<token> <granted µs> <label>`), in one key. Every owner
-//! check takes the owner alone or the owner and a space, nothing else; a
-//! lock an older version wrote (the owner alone, the record in a name of
-//! its own) is still renewed, handed over, released and shown; a fenced
-//! cycle costs the commands it should, and an attempt that does not grant
-//! leaves the bucket's counter where it was or above.
+//! check takes the owner alone (a lock without fencing) or the owner and a
+//! space, nothing else; a fenced cycle costs the commands it should, and an
+//! attempt that does not grant leaves the bucket's counter where it was or
+//! above.
 use std::time::Duration;
 
 use bytes::Bytes;
 
 use crate::support;
-use support::{RedisServer, Reply, stores};
+use support::{RedisServer, stores};
 
 use tower_redis_lock::{
     AcquireAllOutcome, AcquireOutcome, Ask, FencingToken, Grant, HolderId, HolderLabel, LeaseKind,
-    LockKey, LockStore, LockStoreExt, OperatorStore, OwnerToken, RedisStore, Renewal,
+    LockKey, LockStore, LockStoreExt, OperatorStore, OwnerToken, RedisStore,
 };
 
 const NS: &str = "value";
@@ -94,7 +93,7 @@ async fn the_value_carries_the_holder_record_and_inspect_reads_it() {
 /// space, a value cut inside the token, its first 31 characters with a
 /// space. Each refuses release, renewal, hand-over, finish, the multi-key
 /// release and a re-entry, and is left as it was; the owner's own value,
-/// with a record or without one, is its.
+/// with a record or without one (a lock without fencing), is its.
 #[tokio::test]
 async fn only_the_owner_alone_or_the_owner_and_a_space_is_the_owners() {
     let (store, server) = stores::redis();
@@ -151,7 +150,7 @@ async fn only_the_owner_alone_or_the_owner_and_a_space_is_the_owners() {
         assert_eq!(get(&server, &lock).as_deref(), Some(v.as_str()));
         assert!(pttl(&server, &lock) <= 20_000, "{v:?}: renewed");
     }
-    // The owner's own: with a record, then alone (an older version's).
+    // The owner's own: with a record, then alone (a lock without fencing).
     for v in [
         format!("{} 5 6 web 7", owner.as_str()),
         owner.as_str().to_owned(),
@@ -194,97 +193,6 @@ async fn a_hand_over_keeps_the_record_under_the_new_owner() {
     );
     assert!(!store.release(LeaseKind::Lock, &k, &from).await.unwrap());
     assert!(store.release(LeaseKind::Lock, &k, &to).await.unwrap());
-}
-
-/// A lock an older version wrote: its value the owner alone, its holder
-/// record in `…:<id>:holder`. Inspect shows that record (its label with
-/// spaces); a renewal renews it with the lock, a hand-over keeps it, the
-/// release deletes it; a finish and a forced release delete it too, and a
-/// re-entry answers a token valid for the hold.
-#[tokio::test]
-async fn a_lock_of_an_older_version_is_renewed_handed_over_released_and_shown() {
-    let (store, server) = stores::redis();
-    let owner = OwnerToken::generate();
-    let k = key("old");
-    let (lock, holder) = (name("old", "lock"), name("old", "holder"));
-    let old = |owner: &OwnerToken| {
-        server.cmd(&["SET", &lock, owner.as_str(), "PX", "20000"]);
-        server.cmd(&["SET", &holder, "5 6 old web 7", "PX", "20000"]);
-    };
-    old(&owner);
-    let seen = store.inspect(&k).await.unwrap().unwrap();
-    assert_eq!(seen.holder, HolderId::of(&owner));
-    assert_eq!(seen.fencing_token, Some(FencingToken::new(5)));
-    assert_eq!(
-        seen.label.as_ref().map(HolderLabel::as_str),
-        Some("old web 7")
-    );
-    assert!(
-        store
-            .renew(LeaseKind::Lock, &k, &owner, Duration::from_secs(60))
-            .await
-            .unwrap()
-    );
-    assert!(pttl(&server, &holder) > 40_000, "not renewed with the lock");
-    // And in the watchdog's batch (one script call for many renewals).
-    let renewed = store
-        .renew_many(&[Renewal {
-            key: k.clone(),
-            owner: owner.clone(),
-            lease: Duration::from_secs(80),
-            kind: LeaseKind::Lock,
-        }])
-        .await;
-    assert!(matches!(renewed[..], [Ok(true)]), "{renewed:?}");
-    assert!(
-        pttl(&server, &holder) > 70_000,
-        "not renewed with the lock in a batch"
-    );
-    let next = OwnerToken::generate();
-    assert!(
-        store
-            .transfer(&k, &owner, &next, Duration::from_secs(90))
-            .await
-            .unwrap()
-    );
-    assert_eq!(get(&server, &lock).as_deref(), Some(next.as_str()));
-    assert!(pttl(&server, &holder) > 85_000, "not kept with the lock");
-    assert!(store.release(LeaseKind::Lock, &k, &next).await.unwrap());
-    assert_eq!(
-        server.keys().iter().filter(|n| n.contains(":old:")).count(),
-        0
-    );
-
-    old(&owner);
-    assert!(
-        store
-            .finish(&k, &owner, Bytes::from_static(b"done"), LEASE)
-            .await
-            .unwrap()
-    );
-    assert_eq!(server.cmd(&["EXISTS", &holder]), Reply::Int(0), "finish");
-    old(&owner);
-    assert!(store.force_release(&k).await.unwrap().released);
-    assert_eq!(server.cmd(&["EXISTS", &holder]), Reply::Int(0), "forced");
-    // A re-entry on it: the counter, at least its grant's.
-    old(&owner);
-    server.cmd(&["SET", &name("old", "fence"), "7", "PX", "600000"]);
-    assert_eq!(
-        granted(store.acquire(&k, &owner, LEASE).await.unwrap()),
-        FencingToken::new(7)
-    );
-    assert_eq!(
-        store
-            .release_all(std::slice::from_ref(&k), &owner)
-            .await
-            .unwrap(),
-        [true]
-    );
-    assert_eq!(
-        server.cmd(&["EXISTS", &holder]),
-        Reply::Int(0),
-        "release_all"
-    );
 }
 
 /// The counter is written before the grant is known: an attempt that

@@ -484,10 +484,8 @@ async fn redis_one_script_writes_what_a_single_grant_writes_and_refusals_write_n
     assert!(all.release().await.unwrap());
     assert_eq!(server.cmd(&["EXISTS", &waited]), Reply::Int(0));
     for k in &keys {
-        for suffix in ["lock", "holder"] {
-            let name = stores::redis_name(NS, k.id(), suffix);
-            assert_eq!(server.cmd(&["EXISTS", &name]), Reply::Int(0), "{name}");
-        }
+        let name = stores::redis_name(NS, k.id(), "lock");
+        assert_eq!(server.cmd(&["EXISTS", &name]), Reply::Int(0), "{name}");
     }
 
     let before = evalsha_calls(&server);

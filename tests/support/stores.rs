@@ -76,7 +76,7 @@ pub fn boxed<S: OperatorStore, K>(fixture: (S, K)) -> (BoxStore, K) {
 }
 
 /// The Redis name a [`RedisStore`] with the default prefix gives lock
-/// `ns:id`'s `suffix` (`lock`, `fence`, `record`, `released`, `waited`, `holder`,
+/// `ns:id`'s `suffix` (`lock`, `fence`, `record`, `released`, `waited`,
 /// `permits`, `permits-waited`, `rw-readers`, `rw-writer` or `rw-waiting`), from the
 /// store's own accessors; `tests/redis_engine.rs` pins the layout itself.
 pub fn redis_name(ns: &str, id: &str, suffix: &str) -> String {
@@ -94,14 +94,6 @@ pub fn redis_name(ns: &str, id: &str, suffix: &str) -> String {
         "rw-readers" => store.rw_keys(&key)[0].clone(),
         "rw-writer" => store.rw_keys(&key)[1].clone(),
         "rw-waiting" => store.rw_keys(&key)[2].clone(),
-        // The holder record sits next to the lock (README, "Key layout").
-        "holder" => format!(
-            "{}holder",
-            store
-                .lock_key(&key)
-                .strip_suffix("lock")
-                .expect("a lock name")
-        ),
         other => panic!("no Redis name with suffix {other:?}"),
     }
 }

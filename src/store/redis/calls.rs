@@ -8,12 +8,12 @@ use bytes::Bytes;
 use redis::{Cmd, Script};
 
 use super::keys::{
-    FENCE, HOLDER, LOCK, Name, PERMITS, PERMITS_WAITED, RECORD, RECORD_WRITER, RELEASED, WAITED,
+    FENCE, LOCK, Name, PERMITS, PERMITS_WAITED, RECORD, RECORD_WRITER, RELEASED, WAITED,
 };
 use super::replicas::Grant;
 use super::scripts::{
     ACQUIRE, ACQUIRE_PERMIT, Argv, EXTEND_PERMIT, FINISH, RAISE_FENCE, RELEASE_PERMIT, ROLLBACK,
-    ScriptCall, digits, grant_outcome,
+    ScriptCall, TRANSFER, digits, grant_outcome,
 };
 use super::{RedisStore, ms};
 use crate::error::{Error, Operation};
@@ -161,6 +161,31 @@ impl RedisStore {
             key: Some(key.clone()),
             source: "the record kept moving between the nodes of a migrating slot".into(),
         })
+    }
+
+    /// A lock handed from `from` to `to` (transfer.lua): `LockStore::transfer`.
+    pub(super) async fn transfer_lock(
+        &self,
+        key: &LockKey,
+        from: &OwnerToken,
+        to: &OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, Error> {
+        let call = ScriptCall::new(
+            &TRANSFER,
+            &[self.name(key, LOCK)],
+            &[
+                Argv::Str(from.as_str()),
+                Argv::Str(to.as_str()),
+                Argv::Int(ms(lease)),
+            ],
+        );
+        let n: i64 = self
+            .with_conn(Operation::Extend, Some(key), |mut c| async move {
+                call.invoke(&mut c).await
+            })
+            .await?;
+        Ok(n == 1)
     }
 
     /// The permit grant (acquire_permit.lua).
@@ -322,9 +347,8 @@ impl RedisStore {
         retention: Duration,
         mark: bool,
     ) -> Result<bool, Error> {
-        // The lock alone declared (see finish.lua); the holder record's own
-        // name only with fencing (a lock of an older version keeps it
-        // there); the record writer only when marking (Redlock).
+        // The lock alone declared (see finish.lua); the record writer only
+        // when marking (Redlock).
         let args = [
             Argv::Str(owner.as_str()),
             Argv::Bytes(record.as_ref()),
@@ -332,14 +356,9 @@ impl RedisStore {
             Argv::Str(self.publish_command()),
             Argv::Name(self.name(key, RECORD)),
             Argv::Name(self.name(key, WAITED)),
-            if self.names_holder_record() {
-                Argv::Name(self.name(key, HOLDER))
-            } else {
-                Argv::Str("")
-            },
             Argv::Name(self.name(key, RECORD_WRITER)),
         ];
-        let args = if mark { &args[..] } else { &args[..7] };
+        let args = if mark { &args[..] } else { &args[..6] };
         let call = ScriptCall::new(&FINISH, &[self.name(key, LOCK)], args);
         let migrating = !mark && self.inner.source.is_cluster();
         let n: i64 = self

@@ -20,11 +20,6 @@ pub(super) const RW_READERS: &str = "rw-readers";
 pub(super) const RW_WRITER: &str = "rw-writer";
 pub(super) const RW_WAITING: &str = "rw-waiting";
 pub(super) const RW_WAITED: &str = "rw-waited";
-/// The holder record's own name, where an older version kept it beside a
-/// lock whose value is the owner alone: the scripts renew, keep and delete
-/// it with such a lock, and `inspect` reads it. A grant now writes the
-/// record into the lock's value (see owner.lua) and never writes this.
-pub(super) const HOLDER: &str = "holder";
 /// The waited-for mark: set by an acquire that finds the lock held, so the
 /// release publishes (only then); deleted by the release, and never
 /// outliving the holder's lease.
@@ -241,7 +236,7 @@ mod tests {
     fn byte_len_is_the_length_written() {
         for id in ["42", "ord_1", "a-much-longer-id-0123456789"] {
             let key = LockKey::new("orders", id).unwrap();
-            for suffix in [LOCK, FENCE, RECORD, RECORD_WRITER, RELEASED, WAITED, HOLDER] {
+            for suffix in [LOCK, FENCE, RECORD, RECORD_WRITER, RELEASED, WAITED] {
                 let name = Name {
                     prefix: "trl",
                     key: &key,

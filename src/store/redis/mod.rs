@@ -58,7 +58,7 @@ mod tls;
 #[cfg(feature = "sentinel")]
 pub use data_nodes::{DataNodes, NodeTls};
 pub use eviction::EvictionCheck;
-use keys::{HOLDER, LOCK, RECORD};
+use keys::{LOCK, RECORD};
 use notifier::{Notifier, PubSubSource};
 pub use replicas::ReplicaShortfall;
 use replicas::WaitReplicas;
@@ -183,26 +183,6 @@ impl RedisStore {
         self.inner.notifier.get().map_or((0, 0), Notifier::channels)
     }
 
-    /// `args` as sent to a script whose last argument is the holder
-    /// record's own name: without it where grants write no record
-    /// (without fencing). With fencing the name goes along, for a lock of
-    /// an older version, which keeps its record there.
-    fn with_holder_name<'a, 'b>(&self, args: &'b [Argv<'a>]) -> &'b [Argv<'a>] {
-        if self.names_holder_record() {
-            args
-        } else {
-            &args[..args.len() - 1]
-        }
-    }
-
-    /// Whether a call that may meet a lock of an older version names its
-    /// holder record (`…:holder`): where grants write one, with fencing.
-    /// One answer for every such call: renewals (alone and in a batch,
-    /// renew.rs), hand-overs, releases, finishes and `release_all`.
-    fn names_holder_record(&self) -> bool {
-        self.inner.fencing
-    }
-
     fn notifier(&self) -> Option<&Notifier> {
         let source = self.inner.pubsub.as_ref()?;
         Some(
@@ -229,26 +209,19 @@ impl RedisStore {
         // Always the script, on every server. Valkey 9's `DELIFEQ` and
         // Redis 8.4's `DELEX … IFEQ` delete the lock alone if it is ours,
         // but a release must, in the same step, delete the waited-for mark
-        // and publish only if there was one (and, with fencing, delete the
-        // holder record). Sent after the owner-checked delete, in a second
+        // and publish only if there was one. Sent after the owner-checked delete, in a second
         // round trip or the same pipeline, the mark's `DEL` could come
         // after another owner took the lock and a waiter marked it: that
         // waiter's mark would be gone, and the next holder's release would
         // not wake it (it polls until the lease ends). Sent in one
         // `MULTI`, the mark's `DEL` would run even when the lock is not
         // ours. So neither command can release here.
-        // The owner, and flags only where one applies (release.lua).
-        let flags = match (self.inner.source.is_cluster(), self.names_holder_record()) {
-            (false, false) => "",
-            (false, true) => "h",
-            (true, false) => "c",
-            (true, true) => "ch",
-        };
-        let args = [Argv::Str(owner.as_str()), Argv::Str(flags)];
-        let args = if flags.is_empty() {
-            &args[..1]
-        } else {
+        // The owner, and the flags on a Cluster only (release.lua).
+        let args = [Argv::Str(owner.as_str()), Argv::Str("c")];
+        let args = if self.inner.source.is_cluster() {
             &args[..]
+        } else {
+            &args[..1]
         };
         let call = ScriptCall::new(&RELEASE, &[self.name(key, LOCK)], args);
         let n: i64 = self
@@ -361,20 +334,7 @@ impl LockStore for RedisStore {
         to: &OwnerToken,
         lease: Duration,
     ) -> Result<bool, Error> {
-        let args = [
-            Argv::Str(from.as_str()),
-            Argv::Str(to.as_str()),
-            Argv::Int(ms(lease)),
-            Argv::Name(self.name(key, HOLDER)),
-        ];
-        let args = self.with_holder_name(&args);
-        let call = ScriptCall::new(&scripts::TRANSFER, &[self.name(key, LOCK)], args);
-        let n: i64 = self
-            .with_conn(Operation::Extend, Some(key), |mut c| async move {
-                call.invoke(&mut c).await
-            })
-            .await?;
-        Ok(n == 1)
+        self.transfer_lock(key, from, to, lease).await
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseWatch, Error> {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::keys::{FENCE, HOLDER, LOCK, WAITED};
+use super::keys::{FENCE, LOCK, WAITED};
 use super::scripts::{ACQUIRE_ALL, Argv, RELEASE_ALL, ScriptCall};
 use super::{RedisStore, ms};
 use crate::error::{Error, Operation};
@@ -156,7 +156,7 @@ impl RedisStore {
         }
         // The first lock declared, every lock named in `ARGV` (see
         // release_all.lua).
-        let mut args = Vec::with_capacity(2 + 3 * keys.len());
+        let mut args = Vec::with_capacity(2 + 2 * keys.len());
         args.extend([
             Argv::Str(owner.as_str()),
             // The flags of migration.lua.
@@ -169,11 +169,6 @@ impl RedisStore {
         for k in keys {
             args.push(Argv::Name(self.name(k, LOCK)));
             args.push(Argv::Name(self.name(k, WAITED)));
-            args.push(if self.names_holder_record() {
-                Argv::Name(self.name(k, HOLDER))
-            } else {
-                Argv::Str("")
-            });
         }
         let first = keys.first().map(|k| self.name(k, LOCK));
         let call = ScriptCall::new(&RELEASE_ALL, first.as_slice(), &args);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use redis::Cmd;
 
 use super::RedisStore;
-use super::keys::{FENCE, HOLDER, LOCK, WAITED};
+use super::keys::{FENCE, LOCK, WAITED};
 use super::scripts::{Argv, FORCE_RELEASE, INSPECT, ScriptCall};
 use crate::error::{ConfigError, Error, Operation};
 use crate::key::LockKey;
@@ -28,10 +28,7 @@ impl RedisStore {
         let call = ScriptCall::new(
             &INSPECT,
             &[self.name(key, LOCK)],
-            &[
-                Argv::Name(self.name(key, HOLDER)),
-                Argv::Name(self.name(key, WAITED)),
-            ],
+            &[Argv::Name(self.name(key, WAITED))],
         );
         let answer: Vec<redis::Value> = self
             .with_conn(Operation::Inspect, Some(key), |mut c| async move {
@@ -77,10 +74,8 @@ impl RedisStore {
     ///
     /// [`LockStore::force_release`]: crate::LockStore::force_release
     pub(crate) async fn force_release_script(&self, key: &LockKey) -> Result<ForcedRelease, Error> {
-        // The holder record's own name (a lock of an older version keeps
-        // it there) and the fence only with fencing.
+        // The fence only with fencing.
         let mut args = [
-            Argv::Str(""),
             Argv::Name(self.name(key, WAITED)),
             // The flags of migration.lua.
             Argv::Str(if self.inner.source.is_cluster() {
@@ -92,8 +87,7 @@ impl RedisStore {
             Argv::Int(self.inner.fence_retention_ms),
         ];
         if self.inner.fencing {
-            args[0] = Argv::Name(self.name(key, HOLDER));
-            args[3] = Argv::Name(self.name(key, FENCE));
+            args[2] = Argv::Name(self.name(key, FENCE));
         }
         let call = ScriptCall::new(&FORCE_RELEASE, &[self.name(key, LOCK)], &args);
         let (released, fence): (i64, String) = self

@@ -36,11 +36,6 @@ use crate::token::OwnerToken;
 /// that no call holds Redis for long.
 pub(super) const SCRIPT_BATCH: usize = 512;
 
-/// extend.lua's last argument with fencing: a lock granted by an older
-/// version, whose value is its owner alone, renews its holder record
-/// (`…:holder`, named in the script) with it.
-const HOLDER_FLAG: &str = "h";
-
 /// Where a renewal's answer is: a command of the pipeline, or an item of a
 /// batch script call's answer.
 #[derive(Clone, Copy)]
@@ -83,19 +78,11 @@ impl RedisStore {
             return set_answer(&answer)
                 .map_err(|e| Error::from_redis(Operation::Extend, Some(key), e));
         }
-        // With fencing, 'h': a lock of an older version renews its holder
-        // record too (see extend.lua).
-        let args = [
-            Argv::Str(owner.as_str()),
-            Argv::Int(ms(lease)),
-            Argv::Str(HOLDER_FLAG),
-        ];
-        let args = if self.names_holder_record() {
-            &args[..]
-        } else {
-            &args[..2]
-        };
-        let call = ScriptCall::new(&EXTEND, &[self.name(key, LOCK)], args);
+        let call = ScriptCall::new(
+            &EXTEND,
+            &[self.name(key, LOCK)],
+            &[Argv::Str(owner.as_str()), Argv::Int(ms(lease))],
+        );
         let n: i64 = self
             .with_conn(Operation::Extend, Some(key), |mut c| async move {
                 call.invoke(&mut c).await
@@ -129,24 +116,18 @@ impl RedisStore {
             }
         }
         // The batch script's layout (extend_batch.lua): the kinds, the
-        // holder flag, the lease when every renewal has the same, then
-        // each renewal's owner (and its own lease where they differ).
-        let holder = if self.names_holder_record() {
-            HOLDER_FLAG
-        } else {
-            ""
-        };
+        // lease when every renewal has the same, then each renewal's
+        // owner (and its own lease where they differ).
         for chunk in scripted.chunks(SCRIPT_BATCH) {
             let lease = renewals[chunk[0]].lease;
             let shared = chunk.iter().all(|&i| renewals[i].lease == lease);
             let width = if shared { 1 } else { 2 };
             let mut keys: Vec<Name<'_>> = Vec::with_capacity(chunk.len());
             let mut kinds = String::with_capacity(chunk.len());
-            let mut args: Vec<Argv<'_>> = Vec::with_capacity(3 + width * chunk.len());
+            let mut args: Vec<Argv<'_>> = Vec::with_capacity(2 + width * chunk.len());
             // ARGV[1], the kinds, once they are all known.
             args.extend([
                 Argv::Str(""),
-                Argv::Str(holder),
                 if shared {
                     Argv::Int(ms(lease))
                 } else {
@@ -155,14 +136,13 @@ impl RedisStore {
             ]);
             for (item, &i) in chunk.iter().enumerate() {
                 let r = &renewals[i];
-                // A permit and a reader are renewed by extend_permit.lua,
-                // a lock and a writer by extend.lua; the holder flag is a
-                // lock's only.
+                // A permit, a reader and a writer's mark are renewed by
+                // extend_permit.lua, a lock and a writer by extend.lua.
                 let (kind, name) = match r.kind {
                     LeaseKind::Permit => ('p', PERMITS),
                     LeaseKind::Read => ('p', rwlock::side(RwMode::Read)),
                     LeaseKind::WriterMark => ('p', super::keys::RW_WAITING),
-                    LeaseKind::Write => ('w', rwlock::side(RwMode::Write)),
+                    LeaseKind::Write => ('l', rwlock::side(RwMode::Write)),
                     LeaseKind::Lock => ('l', LOCK),
                 };
                 keys.push(self.name(&r.key, name));

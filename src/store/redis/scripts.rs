@@ -95,7 +95,7 @@ pub(super) const EXTEND_BATCH_SRC: &str = concat!(
 const INSPECT_SRC: &str = include_str!("scripts/inspect.lua");
 const FORCE_RELEASE_SRC: &str = concat!(
     include_str!("scripts/token.lua"),
-    migration!(3),
+    migration!(2),
     include_str!("scripts/force_release.lua")
 );
 

@@ -124,6 +124,8 @@ else
       last = t
     end
   end
+  -- (A fenced grant's value carries its token: a lock of this owner that
+  -- this store granted is ours, a re-entry.)
   local ours = mine and type(last) == 'string'
   if not cluster then
     if ours or (cur and token ~= s) then
@@ -131,12 +133,9 @@ else
     elseif token ~= s then
       redis.call('SET', ARGV[3], token, 'PX', ARGV[4])
     end
-  elseif not cur or (mine and not ours) then
-    if not writable(last) then
-      -- The counter is on the other node, or may be: TIME alone.
-      if mine then redis.call('SET', KEYS[1], value, 'PX', ARGV[2]) end
-      return token
-    end
+  elseif not cur then
+    -- The counter is on the other node, or may be: TIME alone.
+    if not writable(last) then return token end
     redis.call('SET', ARGV[3], token, 'PX', ARGV[4])
   elseif ours and last ~= read and writable(read) then
     -- A re-entry above the counter (lapsed, or behind its value's token):
@@ -148,13 +147,6 @@ else
     -- Ours already (an attempt whose answer was lost): see above.
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {3, last}
-  end
-  if mine then
-    -- Ours already, a value without its token (an older version's), and
-    -- the counter lapsed: a fresh token, as a grant mints one, and the
-    -- record in the value with it.
-    redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
-    return token
   end
   now_ms = tonumber(string.sub(s, 1, -4))
 end

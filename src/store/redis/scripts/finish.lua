@@ -1,9 +1,7 @@
 -- KEYS[1] lock; ARGV[1] owner, ARGV[2] record, ARGV[3] retention ms,
 -- ARGV[4] publish command (the channel as in release.lua), ARGV[5] record
--- name, ARGV[6] waited-for mark, ARGV[7] the holder record's own name
--- ('' without fencing), where a lock granted by an older version keeps it
--- (its value the owner alone): deleted with the lock, ARGV[8] (optional,
--- Redlock) record writer
+-- name, ARGV[6] waited-for mark, ARGV[7] (optional, Redlock) record
+-- writer
 -- -> 1 stored and released, 0 not owner (nothing stored; see owner.lua)
 -- The record writer (the owner token, kept as long as the record) lets a
 -- Redlock finish that missed its quorum take back exactly what it wrote.
@@ -12,12 +10,10 @@
 -- the record's name is not there, nothing is stored and the error answers
 -- (the lock stays): the store then writes the record where the slot goes
 -- and releases (`finish_while_migrating` in scripts.rs).
-local v = redis.call('GET', KEYS[1])
-if owned_by(v, ARGV[1]) then
+if owned_by(redis.call('GET', KEYS[1]), ARGV[1]) then
   local stored = redis.pcall('SET', ARGV[5], ARGV[2], 'PX', ARGV[3])
   if stored.err then return stored end
-  if ARGV[8] then redis.call('SET', ARGV[8], ARGV[1], 'PX', ARGV[3]) end
-  if ARGV[7] ~= '' and v == ARGV[1] then redis.pcall('DEL', ARGV[7]) end
+  if ARGV[7] then redis.call('SET', ARGV[7], ARGV[1], 'PX', ARGV[3]) end
   local n = redis.pcall('DEL', KEYS[1], ARGV[6])
   if type(n) == 'table' then
     redis.call('DEL', KEYS[1])

@@ -1,9 +1,7 @@
--- KEYS[1] lock; ARGV[1] the holder record's own name ('' without
--- fencing), where a lock granted by an older version keeps it (its value
--- the owner alone, no space: see owner.lua), ARGV[2] waited-for mark,
--- ARGV[3] flags (migration.lua: 'c' on a Cluster, where the release is
--- announced with SPUBLISH, else PUBLISH), ARGV[4] bucket fence counter
--- ('' without fencing), ARGV[5] fence retention ms
+-- KEYS[1] lock; ARGV[1] waited-for mark, ARGV[2] flags (migration.lua:
+-- 'c' on a Cluster, where the release is announced with SPUBLISH, else
+-- PUBLISH), ARGV[3] bucket fence counter ('' without fencing), ARGV[4]
+-- fence retention ms
 -- -> {released 0/1, fence}: an operator's release, whoever holds the lock.
 -- With fencing, the bucket's counter is raised to a fresh token (as a
 -- grant mints one, token.lua: max(last + 1, TIME in us)), above every
@@ -13,15 +11,11 @@
 -- node of a migrating slot, or may be, the fence is TIME alone and the
 -- counter is left (as a grant's token then is, acquire.lua).
 local released = 0
-local v = redis.call('GET', KEYS[1])
-if v then
-  local n = redis.pcall('DEL', KEYS[1], ARGV[2])
+if redis.call('GET', KEYS[1]) then
+  local n = redis.pcall('DEL', KEYS[1], ARGV[1])
   if type(n) == 'table' then
     redis.call('DEL', KEYS[1])
     n = 2
-  end
-  if ARGV[1] ~= '' and not string.find(v, ' ', 1, true) then
-    redis.pcall('DEL', ARGV[1])
   end
   if n > 1 then
     local publish = 'PUBLISH'
@@ -30,13 +24,13 @@ if v then
   end
   released = 1
 end
-if ARGV[4] == '' then return {released, ''} end
+if ARGV[3] == '' then return {released, ''} end
 local s = us_of(redis.call('TIME'))
-local last = redis.pcall('GET', ARGV[4])
+local last = redis.pcall('GET', ARGV[3])
 if cluster and not writable(last) then return {released, s} end
 if type(last) ~= 'string' then last = nil end
 -- max(last + 1, TIME in us), as a grant mints it (token.lua)
 s = next_token(last, s)
-local set = redis.pcall('SET', ARGV[4], s, 'PX', ARGV[5])
+local set = redis.pcall('SET', ARGV[3], s, 'PX', ARGV[4])
 if type(set) == 'table' and set.err then return set end
 return {released, s}

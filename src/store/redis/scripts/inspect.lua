@@ -1,11 +1,9 @@
--- KEYS[1] lock; ARGV[1] the holder record's own name, where a lock granted
--- by an older version keeps it, ARGV[2] the waited-for mark
+-- KEYS[1] lock; ARGV[1] the waited-for mark
 -- -> {} free, or {owner, pttl, holder record or '', waited 0/1}
 -- The holder record is in the lock's value, after the owner token and a
 -- space (see owner.lua); a value without a space is the owner alone (a
--- grant without fencing, or of an older version: its record, if any, is
--- read from its own name). Read in one step, so the record is the lock's
--- of that moment. The owner token leaves Redis only to the store, which
+-- grant without fencing: no record). Read in one step, so the record is
+-- the lock's of that moment. The owner token leaves Redis only to the store, which
 -- keeps a one-way hash of it.
 local v = redis.call('GET', KEYS[1])
 if not v then return {} end
@@ -14,10 +12,7 @@ local owner, record = v, ''
 local space = string.find(v, ' ', 1, true)
 if space then
   owner, record = string.sub(v, 1, space - 1), string.sub(v, space + 1)
-else
-  local got = redis.pcall('GET', ARGV[1])
-  if type(got) == 'string' then record = got end
 end
-local waited = redis.pcall('EXISTS', ARGV[2])
+local waited = redis.pcall('EXISTS', ARGV[1])
 if type(waited) ~= 'number' then waited = 0 end
 return {owner, pttl, record, waited}

@@ -1,8 +1,8 @@
 -- The owner check of a lock's value, prepended (scripts.rs) to every
 -- script that reads one. A lock's value is its owner token alone (a grant
--- without fencing, or one of a version that kept the holder record in a
--- name of its own), or the owner token, one space and the holder record
--- `<token> <granted us> <label>` (a fenced grant, see acquire.lua). Owner
+-- without fencing; a reader-writer lock's writer), or the owner token, one
+-- space and the holder record `<token> <granted us> <label>` (a fenced
+-- grant, see acquire.lua). Owner
 -- tokens are of one length and have no space, so the value is `owner`'s
 -- exactly when it is `owner`, or starts with `owner` and a space: another
 -- owner's value, or one that merely starts with `owner`, is not.

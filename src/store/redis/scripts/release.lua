@@ -1,27 +1,21 @@
--- KEYS[1] lock; ARGV[1] owner, ARGV[2] (optional) flags, 'c', 'h' or
--- 'ch' (in that order): 'c' on a Cluster (the release is announced with
--- SPUBLISH, else PUBLISH), 'h' with fencing, where a lock granted by an
--- older version keeps its holder record in a name of its own (its value
--- the owner alone): deleted with the lock
+-- KEYS[1] lock; ARGV[1] owner, ARGV[2] (optional) flags: 'c' on a Cluster
+-- (the release is announced with SPUBLISH, else PUBLISH)
 -- -> 1 released, 0 not owner (see owner.lua)
 -- The other names are the lock's with another last part (`…:<id>:lock` →
--- `…:<id>:waited`, `…:released`, `…:holder`), made here, not sent: each
--- argument costs Redis about 1,100 instructions (see acquire.lua).
+-- `…:<id>:waited`, `…:released`), made here, not sent: each argument
+-- costs Redis about 1,100 instructions (see acquire.lua).
 -- Publishes only when a waiter marked the lock (see acquire.lua): an
 -- uncontended release is the owner check and one DEL. The channel is
 -- made only when someone waits. The mark is not declared (a Cluster
 -- serves a migrating slot's call where its declared keys are): where the
 -- slot is leaving and the mark has moved already, the lock alone is
 -- deleted and the release announced (a waiter may have marked it).
-local v = redis.call('GET', KEYS[1])
-if owned_by(v, ARGV[1]) then
+if owned_by(redis.call('GET', KEYS[1]), ARGV[1]) then
   local base = string.sub(KEYS[1], 1, -5)
-  -- The flags are one of '', 'h', 'c' and 'ch' (the store sends no
-  -- argument for ''): told apart by equality, which costs next to
-  -- nothing, where a `string.find` costs Redis about 1,000 instructions
-  -- even on an empty string.
-  local flags = ARGV[2]
-  local cluster = flags == 'c' or flags == 'ch'
+  -- The flag told by equality, which costs next to nothing, where a
+  -- `string.find` costs Redis about 1,000 instructions even on an empty
+  -- string (the store sends no flags off a Cluster).
+  local cluster = ARGV[2] == 'c'
   local n
   if cluster then
     -- The mark may have moved with a migrating slot (see above).
@@ -34,9 +28,6 @@ if owned_by(v, ARGV[1]) then
     -- One primary: nothing to catch (a `pcall` and its `type` check cost
     -- Redis about 700 instructions a release).
     n = redis.call('DEL', KEYS[1], base .. 'waited')
-  end
-  if flags and v == ARGV[1] and string.find(flags, 'h', 1, true) then
-    redis.pcall('DEL', base .. 'holder')
   end
   if n > 1 then
     local publish = 'PUBLISH'

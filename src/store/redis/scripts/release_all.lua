@@ -1,15 +1,12 @@
 -- Releases every lock of a list that the owner holds, as release.lua
--- releases one: the lock and its waited-for mark deleted (and the holder
--- record's own name, for a lock of an older version), the release
+-- releases one: the lock and its waited-for mark deleted, the release
 -- announced only when a waiter marked it.
 --
 -- KEYS[1] the first lock, the one key declared (migration.lua)
 -- ARGV[1] owner, ARGV[2] flags (migration.lua: 'c' on a Cluster, where
 -- the release is announced with SPUBLISH, else PUBLISH); then per lock i
--- (one slot), at 2 + 3(i-1): +1 its name (the first's is KEYS[1]), +2 its
--- waited-for mark, +3 its holder record's own name ('' without fencing),
--- deleted where the lock's value is the owner alone (a lock granted by an
--- older version, see release.lua)
+-- (one slot), at 2 + 2(i-1): +1 its name (the first's is KEYS[1]), +2 its
+-- waited-for mark
 -- -> one answer per lock, in order: 1 released, 0 not the owner, -1 not
 --    on this node, or maybe on the other node of a migrating slot: the
 --    caller releases it alone (release.lua, routed by its lock)
@@ -21,8 +18,8 @@ if cluster then publish = 'SPUBLISH' end
 local get = redis.call
 if cluster then get = redis.pcall end
 local out = {}
-for i = 1, (#ARGV - 2) / 3 do
-  local at = 2 + 3 * (i - 1)
+for i = 1, (#ARGV - 2) / 2 do
+  local at = 2 + 2 * (i - 1)
   local lock = ARGV[at + 1]
   local v = get('GET', lock)
   if cluster and not writable(v) then
@@ -33,7 +30,6 @@ for i = 1, (#ARGV - 2) / 3 do
       redis.call('DEL', lock)
       n = 2
     end
-    if ARGV[at + 3] ~= '' and v == owner then redis.pcall('DEL', ARGV[at + 3]) end
     if n > 1 then
       redis.pcall(publish, string.sub(lock, 1, -5) .. 'released', '')
     end
